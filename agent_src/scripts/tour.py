@@ -1,0 +1,21 @@
+"""A tour of the example tools: run it with ``toolhost run agent_src/scripts/tour.py``.
+
+Every tool is a global here and every call is awaited, exactly as in agent code.
+"""
+
+print("now:", await now())
+print("formatted:", await tools.time.format("2026-11-30T13:40:00+00:00"))
+print("2 + 3 =", await add(2, 3))
+
+r = await roll(3, sides=6)
+print(f"rolled {r['dice']} for a total of {r['total']}")
+
+await kanban.add("write the docs")
+task = await kanban.add("ship the release")
+await kanban.close(task["id"])
+print("open tasks:", [t["title"] for t in await kanban.list("open")])
+
+try:
+    await kanban.close("no-such-task")
+except ToolError as exc:
+    print("a tool error crosses as data:", exc.type_name, exc.error_message)

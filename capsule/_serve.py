@@ -1,0 +1,333 @@
+"""The capsule's serve loop: read call frames, run tools, write result frames.
+
+Async tools run as tasks on this process's event loop, so many are in flight at once;
+sync tools run on worker threads so a slow one does not stall the rest. A worker thread
+converts and writes its own reply (one thread hop per call, not three). Every frame is
+written whole under one lock (workers and the console forwarder write frames too). A tool's
+exception crosses as data only: its type name, its message and the traceback of the
+tool's own frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import queue
+import sys
+from typing import Any
+
+from . import _registry
+from ._convert import NotPlainData, to_plain
+from .protocol import (
+    E_BAD_CALL,
+    E_NOT_SERIALIZABLE,
+    E_TOO_LARGE,
+    E_TOOL,
+    HEADER,
+    K_CALL,
+    K_CANCEL,
+    K_ERR,
+    K_FAILED,
+    K_LOAD,
+    K_LOADED,
+    K_LOADING,
+    K_OK,
+    K_READY,
+    MAX_FRAME,
+    BadFrame,
+    FrameDecoder,
+    decode,
+    encode,
+)
+
+__all__ = ["Capsule"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MAX_WORKERS = 64
+_MAX_TEXT = 64 * 1024
+
+
+def _text(obj: object) -> str:
+    """``str(obj)`` that survives a hostile ``__str__`` and stays bounded."""
+    try:
+        text = str(obj)
+    except BaseException as exc:  # a user __str__ may raise anything
+        text = f"<unprintable: {type(exc).__name__}>"
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + "...[truncated]"
+
+
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """An exception as plain data: type name, message, and the tool's own traceback."""
+    import traceback  # imported on first error only: costly at start-up under WASI
+
+    try:
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if not os.path.abspath(f.filename).startswith(_HERE + os.sep)
+        ]
+        lines = traceback.format_list(frames)
+        lines += traceback.format_exception_only(type(exc), exc)
+        text = "Traceback (most recent call last):\n" + "".join(lines)
+    except BaseException:  # formatting calls user __str__; never let it escape
+        text = ""
+    return {
+        "kind": E_TOOL,
+        "type": type(exc).__qualname__,
+        "message": _text(exc),
+        "traceback": text[-_MAX_TEXT:],
+        "path": "",
+    }
+
+
+def split_arguments(
+    params: tuple[tuple[str, int], ...], bound: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """Turn the bound-by-name argument map back into ``*args, **kwargs`` for the call."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    for name, kind in params:
+        if name not in bound:
+            if kind in (0, 1):
+                positional = False  # a gap: later parameters must go by name
+            continue
+        value = bound[name]
+        if kind == 0 or (kind == 1 and positional):
+            args.append(value)
+        elif kind == 1 or kind == 3:
+            kwargs[name] = value
+        elif kind == 2:
+            args.extend(value)
+        elif kind == 4:
+            kwargs.update(value)
+    return args, kwargs
+
+
+_Job = tuple[int, "_registry.Target", bytes]
+
+
+class Capsule:
+    """One capsule process: the tool modules plus the frame loop around them."""
+
+    def __init__(self, proto_in: int, proto_out: int, *, max_frame: int = MAX_FRAME) -> None:
+        import threading
+
+        self._in = proto_in
+        self._out = proto_out
+        self._max_frame = max_frame
+        self._decoder = FrameDecoder(max_frame)
+        self._lock = threading.Lock()
+        self._targets: dict[str, _registry.Target] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._workers = 0
+        self._idle = 0
+        self._threads = sys.platform != "wasi"
+        self._closed: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, body: bytes) -> None:
+        """Write one frame (any thread)."""
+        data = HEADER.pack(len(body)) + body
+        view = memoryview(data)
+        with self._lock:
+            while view:
+                written = os.write(self._out, view)
+                view = view[written:]
+
+    def send(self, value: dict[str, Any]) -> None:
+        self.write(encode(value))
+
+    # -- loading -----------------------------------------------------------------------
+
+    def _read_frame_blocking(self) -> dict[str, Any] | None:
+        while True:
+            data = os.read(self._in, 1 << 16)
+            if not data:
+                return None
+            bodies = self._decoder.feed(data)
+            if bodies:
+                if len(bodies) > 1 or self._decoder.pending:
+                    raise BadFrame("the host sent more than the load frame before ready")
+                return decode(bodies[0])
+
+    def load(self) -> bool:
+        """Read the ``load`` frame, import every file, answer ``ready``. False on EOF."""
+        msg = self._read_frame_blocking()
+        if msg is None:
+            return False
+        if msg.get("k") != K_LOAD:
+            raise BadFrame(f"expected a load frame, got {msg.get('k')!r}")
+        max_frame = msg.get("max_frame")
+        if isinstance(max_frame, int) and max_frame > 0:
+            self._max_frame = max_frame
+            self._decoder.max_frame = max_frame
+        _registry.install_package(msg["dir"], msg.get("package", _registry.PACKAGE))
+        modules: dict[str, Any] = {}
+        for file in msg["files"]:
+            self.send({"k": K_LOADING, "file": file})
+            try:
+                module = _registry.import_file(file)
+                exports = _registry.runtime_exports(module)
+            except BaseException as exc:  # import-time failures of any kind stay data
+                self.send({"k": K_FAILED, "file": file, "error": error_data(exc)})
+                continue
+            modules[file] = module
+            self.send({"k": K_LOADED, "file": file, "exports": exports})
+        tools: dict[str, Any] = msg["tools"]
+        for name, (file, path, params) in tools.items():
+            module = modules.get(file)
+            if module is None:
+                continue
+            try:
+                self._targets[name] = _registry.resolve(module, name, path, params)
+            except Exception as exc:  # reported; the host refuses the file
+                self.send({"k": K_FAILED, "file": file, "error": error_data(exc)})
+        self.send(
+            {
+                "k": K_READY,
+                "pid": os.getpid(),
+                "python": ".".join(map(str, sys.version_info[:3])),
+            }
+        )
+        return True
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Serve calls until the host closes the pipe."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._closed = loop.create_future()
+        leftover = self._decoder.feed(b"")
+        for body in leftover:
+            self._dispatch(decode(body))
+        loop.add_reader(self._in, self._on_readable)
+        try:
+            await self._closed
+        finally:
+            loop.remove_reader(self._in)
+
+    def _on_readable(self) -> None:
+        assert self._closed is not None
+        try:
+            data = os.read(self._in, 1 << 18)
+        except OSError:
+            data = b""
+        if not data:
+            if not self._closed.done():
+                self._closed.set_result(None)
+            return
+        for body in self._decoder.feed(data):
+            self._dispatch(decode(body))
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("k")
+        if kind == K_CALL:
+            call_id: int = msg["id"]
+            target = self._targets.get(msg["tool"])
+            if target is None:
+                self._reply_error(call_id, E_BAD_CALL, f"no tool {msg['tool']!r} in this capsule")
+                return
+            if not target.is_async and self._threads:
+                self._submit((call_id, target, msg["args"]))
+                return
+            assert self._loop is not None
+            task = self._loop.create_task(self._run(call_id, target, msg["args"]))
+            self._tasks[call_id] = task
+            task.add_done_callback(lambda _t, i=call_id: self._tasks.pop(i, None))
+        elif kind == K_CANCEL:
+            task = self._tasks.get(msg["id"])
+            if task is not None:
+                task.cancel()
+        else:
+            raise BadFrame(f"unknown frame kind {kind!r}")
+
+    def _submit(self, job: _Job) -> None:
+        import threading
+
+        self._jobs.put(job)
+        if self._idle == 0 and self._workers < _MAX_WORKERS:
+            self._workers += 1
+            self._idle += 1
+            threading.Thread(target=self._worker, daemon=True, name="tool").start()
+
+    def _worker(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            self._idle -= 1
+            try:
+                body = self._execute(*job)
+                if body is not None:
+                    self.write(body)
+            finally:
+                self._idle += 1
+
+    def _execute(self, call_id: int, target: _registry.Target, raw_args: bytes) -> bytes | None:
+        """Run a sync tool on this (worker) thread; return the reply frame's body."""
+        try:
+            args, kwargs = split_arguments(target.params, decode(raw_args))
+        except Exception as exc:  # a host bug, reported as data
+            return self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}")
+        try:
+            result = target.fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                assert self._loop is not None
+                result = asyncio.run_coroutine_threadsafe(_await(result), self._loop).result()
+            return self._result_body(call_id, result)
+        except NotPlainData as exc:
+            return self._error_body(
+                call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path
+            )
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
+            return encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
+
+    async def _run(self, call_id: int, target: _registry.Target, raw_args: bytes) -> None:
+        """Run an async tool (or any tool, where there are no threads) on the loop."""
+        try:
+            args, kwargs = split_arguments(target.params, decode(raw_args))
+        except Exception as exc:  # a host bug, reported as data
+            self.write(self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}"))
+            return
+        try:
+            result = target.fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            body = self._result_body(call_id, result)
+        except asyncio.CancelledError:
+            return  # the host gave up on this call; it expects no reply
+        except NotPlainData as exc:
+            body = self._error_body(
+                call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path
+            )
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
+            body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
+        self.write(body)
+
+    def _error_body(self, call_id: int, kind: str, message: str, **extra: str) -> bytes:
+        error = {"kind": kind, "type": "", "message": message, "traceback": "", "path": ""}
+        error.update(extra)
+        return encode({"k": K_ERR, "id": call_id, "error": error})
+
+    def _reply_error(self, call_id: int, kind: str, message: str, **extra: str) -> None:
+        self.write(self._error_body(call_id, kind, message, **extra))
+
+    def _result_body(self, call_id: int, result: Any) -> bytes:
+        body = encode({"k": K_OK, "id": call_id, "value": to_plain(result)})
+        if len(body) > self._max_frame:
+            return self._error_body(
+                call_id,
+                E_TOO_LARGE,
+                f"the result is {len(body)} bytes, over the frame cap of {self._max_frame}",
+            )
+        return body
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,180 @@
+"""The wire between the host and a capsule: length-prefixed msgpack frames.
+
+This module is shared: the host imports it (and nothing else from ``capsule``), and it runs
+inside every capsule, including CPython-WASI, so it uses only the standard library and
+msgpack.
+
+A frame is a 4-byte big-endian length followed by that many bytes of one msgpack value.
+A length over the cap is refused before any of the body is read. Decoding never
+unpickles, never evals, refuses every ext type, refuses non-str map keys and refuses
+trailing bytes. Every frame is a map whose ``"k"`` names its kind; see the ``K_*`` names.
+
+Host to capsule:
+    ``load``    {"k", "dir", "package", "files": [module...], "tools": {name: target}}
+    ``call``    {"k", "id", "tool", "args": bin}; ``args`` is the canonical encoding of the
+                bound arguments, a map from parameter name to value, made once by the host
+    ``cancel``  {"k", "id"}
+
+Capsule to host:
+    ``loading`` {"k", "file"}                  about to import a tool file
+    ``loaded``  {"k", "file", "exports": [..]} imported; the names it really exports
+    ``failed``  {"k", "file", "error": {...}}   importing it raised
+    ``ready``   {"k", "pid", "python"}          every file was tried; calls may come
+    ``ok``      {"k", "id", "value"}
+    ``err``     {"k", "id", "error": {"kind", "type", "message", "traceback", "path"}}
+    ``console`` {"k", "stream", "data"}         output the tools printed
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final, cast
+
+import msgpack  # pyright: ignore[reportMissingTypeStubs]
+
+__all__ = [
+    "MAX_FRAME",
+    "MAX_DEPTH",
+    "HEADER",
+    "FrameTooLarge",
+    "BadFrame",
+    "FrameDecoder",
+    "encode",
+    "decode",
+    "frame",
+    "check_plain",
+    "as_map",
+]
+
+MAX_FRAME: Final = 16 * 1024 * 1024
+"""Default cap on one frame's body, in bytes."""
+
+MAX_DEPTH: Final = 512
+"""Deepest nesting accepted in a value (msgpack itself stops at 1024)."""
+
+HEADER: Final = struct.Struct(">I")
+
+K_LOAD: Final = "load"
+K_CALL: Final = "call"
+K_CANCEL: Final = "cancel"
+K_LOADING: Final = "loading"
+K_LOADED: Final = "loaded"
+K_FAILED: Final = "failed"
+K_READY: Final = "ready"
+K_OK: Final = "ok"
+K_ERR: Final = "err"
+K_CONSOLE: Final = "console"
+
+# Error kinds a capsule may report in an ``err`` frame. Anything else is a protocol error.
+E_TOOL: Final = "tool_error"
+E_NOT_SERIALIZABLE: Final = "not_serializable"
+E_TOO_LARGE: Final = "too_large"
+E_BAD_CALL: Final = "bad_call"
+E_CANCELLED: Final = "cancelled"
+ERROR_KINDS: Final = frozenset({E_TOOL, E_NOT_SERIALIZABLE, E_TOO_LARGE, E_BAD_CALL, E_CANCELLED})
+
+
+class BadFrame(ValueError):
+    """A frame that breaks the wire rules."""
+
+
+class FrameTooLarge(BadFrame):
+    """A frame whose declared length is over the cap (refused before reading it)."""
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise BadFrame(f"ext type {code} is not allowed on the wire")
+
+
+def encode(value: Any) -> bytes:
+    """Pack plain data. Raises ``TypeError`` for anything that is not plain data."""
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    """Unpack one msgpack value, strictly. Raises :class:`BadFrame` on any violation."""
+    try:
+        return msgpack.unpackb(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_no_ext,
+        )
+    except BadFrame:
+        raise
+    except (ValueError, TypeError) as exc:  # StackError, ExtraData, FormatError, UTF-8 errors
+        raise BadFrame(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
+
+
+def frame(value: Any) -> bytes:
+    """Encode ``value`` as one frame: length prefix plus body."""
+    body = encode(value)
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Splits a byte stream into frame bodies; checks each length before buffering it."""
+
+    __slots__ = ("_buf", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    @property
+    def pending(self) -> int:
+        """Bytes held that do not yet make a whole frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return the bodies of every frame now complete, in order."""
+        buf = self._buf
+        buf += data
+        out: list[bytes] = []
+        start = 0
+        end = len(buf)
+        while end - start >= 4:
+            (size,) = HEADER.unpack_from(buf, start)
+            if size > self.max_frame:
+                raise FrameTooLarge(f"frame of {size} bytes is over the cap of {self.max_frame}")
+            if end - start - 4 < size:
+                break
+            out.append(bytes(buf[start + 4 : start + 4 + size]))
+            start += 4 + size
+        if start:
+            del buf[:start]
+        return out
+
+
+def as_map(value: Any) -> dict[str, Any]:
+    """``value`` if it is a map (decoded with str keys), else :class:`BadFrame`."""
+    if not isinstance(value, dict):
+        raise BadFrame(f"expected a map, got {type(value).__name__}")
+    return value  # pyright: ignore[reportUnknownVariableType]
+
+
+_SCALARS: Final = (str, int, float, bool, bytes, type(None))
+
+
+def check_plain(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """Check that a decoded value holds only wire types (no ``Timestamp``), within depth.
+
+    msgpack decodes its timestamp extension without asking ``ext_hook``, so decoded data
+    from an untrusted peer is walked once. Raises :class:`BadFrame`.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, _SCALARS):
+            continue
+        if depth >= max_depth:
+            raise BadFrame(f"value nested deeper than {max_depth}")
+        if isinstance(item, list):
+            items: list[Any] = item  # pyright: ignore[reportUnknownVariableType]
+            stack.extend((x, depth + 1) for x in items)
+        elif isinstance(item, dict):
+            values: list[Any] = list(item.values())  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
+            stack.extend((x, depth + 1) for x in values)
+        else:
+            raise BadFrame(f"{type(item).__name__} is not allowed on the wire")

@@ -1,0 +1,61 @@
+"""toolhost: a sandboxed capsule tool host for LLM agents.
+
+The public API is what this module lists in ``__all__``; everything in ``host._*`` is
+private and may change.
+"""
+
+from . import errors as errors
+from ._config import Limits as Limits
+from ._config import PolicyConfig as PolicyConfig
+from ._config import load_policy as load_policy
+from ._discovery import Discovery as Discovery
+from ._discovery import ToolSpec as ToolSpec
+from ._discovery import discover as discover
+from ._events import Event as Event
+from ._host import Host as Host
+from ._host import Session as Session
+from .errors import CallError as CallError
+from .errors import CapsuleCrashed as CapsuleCrashed
+from .errors import DeclarationError as DeclarationError
+from .errors import HostError as HostError
+from .errors import InvalidArguments as InvalidArguments
+from .errors import LimitExceeded as LimitExceeded
+from .errors import NotApproved as NotApproved
+from .errors import NotSerializable as NotSerializable
+from .errors import PolicyDenied as PolicyDenied
+from .errors import PolicyFileError as PolicyFileError
+from .errors import ProtocolError as ProtocolError
+from .errors import ToolError as ToolError
+from .errors import ToolTimeout as ToolTimeout
+from .errors import ToolUnavailable as ToolUnavailable
+from .errors import UnknownTool as UnknownTool
+
+__all__ = (
+    # the host
+    "Host",
+    "Session",
+    "Event",
+    "Limits",
+    "PolicyConfig",
+    "load_policy",
+    "Discovery",
+    "ToolSpec",
+    "discover",
+    # errors
+    "errors",
+    "HostError",
+    "CallError",
+    "ToolError",
+    "NotSerializable",
+    "InvalidArguments",
+    "UnknownTool",
+    "PolicyDenied",
+    "NotApproved",
+    "ToolTimeout",
+    "CapsuleCrashed",
+    "ToolUnavailable",
+    "LimitExceeded",
+    "DeclarationError",
+    "PolicyFileError",
+    "ProtocolError",
+)

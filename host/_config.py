@@ -1,0 +1,260 @@
+"""The policy files, parsed into pydantic models (DESIGN.md section 7).
+
+``policy.toml`` plus ``policies/*.toml`` are read and validated here; a malformed file is a
+:class:`PolicyFileError` naming the file, the line and the field, and the host refuses to
+start on it. This module only parses: deciding lives in the policy module.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from .errors import PolicyFileError
+
+__all__ = [
+    "Limits",
+    "EnvConfig",
+    "CapsulesConfig",
+    "Defaults",
+    "Rule",
+    "Quota",
+    "PolicyFile",
+    "PolicyConfig",
+    "load_policy",
+    "parse_duration",
+    "parse_size",
+]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZES = {
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+}
+
+
+def parse_duration(value: Any) -> float:
+    """``"60s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '60s'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    else:
+        raise ValueError(f"{value!r} is not a duration (write '60s', '500ms', '2m' or '1h')")
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+def parse_size(value: Any) -> int:
+    """``"256MiB"``, ``"1MiB"``, ``"64KiB"`` or a number of bytes -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError("a size is a number of bytes or a string like '256MiB'")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        size = int(float(m.group(1)) * _SIZES[m.group(2) or "B"])
+    else:
+        raise ValueError(f"{value!r} is not a size (write '256MiB', '1MiB' or a byte count)")
+    if size <= 0:
+        raise ValueError("a size must be positive")
+    return size
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+Decision = Literal["allow", "deny", "escalate"]
+Caller = Literal["agent", "script", "app", "tool"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Model):
+    """``[limits]``: time, memory, call and output budgets (DESIGN.md section 9)."""
+
+    call_timeout: Duration = 60.0
+    """Seconds one tool call may take; on expiry the capsule is killed and restarted."""
+    load_timeout: Duration = 30.0
+    """Seconds importing the tool files may take when a capsule starts."""
+    code_timeout: Duration = 30.0
+    code_memory: Size = 256 * 1024**2
+    code_max_calls: int = Field(default=100, gt=0)
+    code_max_output: Size = 1024**2
+    max_pending_approvals: int = Field(default=20, gt=0)
+    max_argument_size: Size = 4 * 1024**2
+    """Bytes the encoded arguments of one call may take; more is refused before policy."""
+    max_frame: Size = 16 * 1024**2
+    """Bytes one frame may take on the wire (results included)."""
+    max_restarts: int = Field(default=5, gt=0)
+    """Crashes within ``restart_window`` after which a capsule's tools are unavailable."""
+    restart_window: Duration = 60.0
+    unavailable_for: Duration = 30.0
+    """How long a crash-looping capsule stays unavailable before one more try."""
+
+
+class EnvConfig(_Model):
+    """``[env]``: what the tool capsule's environment holds (nothing else)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    pass_: list[str] = Field(default_factory=list[str], alias="pass")
+    """Host environment variables passed to the tool capsules."""
+    secret: list[str] = Field(default_factory=list[str])
+    """Variables whose values are never shown in approvals, audit or logs."""
+    set: dict[str, str] = Field(default_factory=dict[str, str])
+    """Fixed values to set in the tool capsules."""
+
+
+class CapsulesConfig(_Model):
+    """``[capsules]``: where tool files load and where agent code runs."""
+
+    default: Literal["subprocess", "wasm"] = "subprocess"
+    wasm: list[str] = Field(default_factory=list[str])
+    code: Literal["wasm", "subprocess"] = "wasm"
+
+
+class Defaults(_Model):
+    """``[defaults]``: the decision when no rule matches, per caller."""
+
+    agent: Decision = "deny"
+    script: Decision = "allow"
+    app: Decision = "allow"
+    tool: Decision = "deny"
+    escalation_timeout: Duration = 120.0
+
+
+class Rule(_Model):
+    """One ``[[rules]]`` entry."""
+
+    id: str | None = None
+    tools: list[str] = Field(min_length=1)
+    decision: Decision
+    callers: list[Caller] | None = None
+    when: dict[str, Any] = Field(default_factory=dict[str, Any])
+    reason: str | None = None
+
+
+class Quota(_Model):
+    """One ``[[quotas]]`` entry: call budgets per tool."""
+
+    tools: list[str] = Field(min_length=1)
+    per_session: int | None = Field(default=None, gt=0)
+    per_minute: int | None = Field(default=None, gt=0)
+
+
+class PolicyFile(_Model):
+    """One policy file as written."""
+
+    version: Literal[1] = 1
+    defaults: Defaults | None = None
+    rules: list[Rule] = Field(default_factory=list[Rule])
+    quotas: list[Quota] = Field(default_factory=list[Quota])
+    limits: Limits | None = None
+    env: EnvConfig | None = None
+    capsules: CapsulesConfig | None = None
+
+
+class PolicyConfig(BaseModel):
+    """The merged view of every policy file of a project."""
+
+    model_config = ConfigDict(frozen=True)
+
+    files: list[tuple[str, PolicyFile]] = Field(default_factory=list[tuple[str, PolicyFile]])
+    defaults: Defaults = Defaults()
+    limits: Limits = Limits()
+    env: EnvConfig = EnvConfig()
+    capsules: CapsulesConfig = CapsulesConfig()
+
+
+def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort line of a validation error's location in the TOML source."""
+    lines = text.splitlines()
+    section: str | None = None
+    index: int | None = None
+    key: str | None = None
+    parts = list(loc)
+    if parts and isinstance(parts[0], str):
+        section = str(parts.pop(0))
+    if parts and isinstance(parts[0], int):
+        index = int(parts.pop(0))
+    if parts and isinstance(parts[0], str):
+        key = str(parts.pop(0))
+    start = 0
+    if section is not None:
+        header = re.compile(rf"^\s*\[\[?\s*{re.escape(section)}\s*\]\]?\s*(#.*)?$")
+        hits = [i for i, line in enumerate(lines) if header.match(line)]
+        if hits:
+            start = hits[min(index or 0, len(hits) - 1)]
+        elif key is None:
+            key, section = section, None
+    if key is None:
+        return start + 1 if section is not None else None
+    pattern = re.compile(rf"^\s*(?:{re.escape(section or '')}\.)?{re.escape(key)}(\.|\s*=)")
+    for i in range(start, len(lines)):
+        if i > start and section is not None and lines[i].lstrip().startswith("["):
+            break
+        if pattern.match(lines[i]):
+            return i + 1
+    return start + 1 if section is not None else None
+
+
+def _parse_file(path: Path) -> PolicyFile:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyFileError(f"cannot read: {exc}", file=name) from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise PolicyFileError(
+            f"not valid TOML: {exc}", file=name, line=int(m.group(1)) if m else None
+        ) from exc
+    try:
+        return PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        field = ".".join(str(p) for p in loc) or None
+        raise PolicyFileError(
+            first["msg"], file=name, line=_line_of(text, loc), field=field
+        ) from exc
+
+
+def _merge_one(files: list[tuple[str, PolicyFile]], attr: str) -> Any:
+    found = [(name, getattr(f, attr)) for name, f in files if getattr(f, attr) is not None]
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise PolicyFileError(
+            f"[{attr}] is set in more than one policy file ({names}); keep it in one",
+            file=found[1][0],
+            field=attr,
+        )
+    return found[0][1] if found else None
+
+
+def load_policy(paths: list[Path]) -> PolicyConfig:
+    """Parse and merge policy files. Raises :class:`PolicyFileError`."""
+    files = [(str(p), _parse_file(p)) for p in paths]
+    merged: dict[str, Any] = {"files": files}
+    for attr in ("defaults", "limits", "env", "capsules"):
+        value = _merge_one(files, attr)
+        if value is not None:
+            merged[attr] = value
+    return PolicyConfig(**merged)

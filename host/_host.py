@@ -1,0 +1,288 @@
+"""The orchestrator: ``Host.open`` reads the flow top to bottom.
+
+discovery (what tools exist) -> policy files (limits, env) -> mediator (the gate) ->
+sessions, each with its own supervised tool capsule. ``Host`` and ``Session`` are the
+public face; ``host.tools`` and ``session.tools`` give ``tools.FILE.EXPORT[.MEMBER]``
+access where every call is awaitable, whatever the tool's body.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ._config import Limits, PolicyConfig, load_policy
+from ._discovery import Discovery, ToolSpec, discover
+from ._events import EventBus
+from ._mediator import Caller, Mediator
+from ._process import minimal_env
+from ._project import Project, resolve_project
+from ._subprocess import start_subprocess
+from ._supervisor import Supervisor
+from ._transport import TransportFactory
+from .errors import HostError
+
+__all__ = ["Host", "Session", "ToolProxy", "Namespace"]
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    while len(group.exceptions) == 1 and isinstance(group.exceptions[0], BaseExceptionGroup):
+        group = group.exceptions[0]  # pyright: ignore[reportUnknownVariableType]
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+class ToolProxy:
+    """One tool as a callable: calling it returns an awaitable of the tool's value."""
+
+    __slots__ = ("_caller", "_name", "_session")
+
+    def __init__(self, session: Session, name: str, caller: Caller) -> None:
+        self._session: Session = session
+        self._name: str = name
+        self._caller: Caller = caller
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        return self._session.call_as(self._caller, self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<tool {self._name}>"
+
+
+class Namespace:
+    """Attribute access to tools: ``tools.FILE.EXPORT[.MEMBER]``."""
+
+    def __init__(self, label: str, entries: Mapping[str, Any]) -> None:
+        self._label = label
+        self._entries = dict(entries)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise AttributeError(f"{self._label} has no attribute {name!r}") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<{self._label}: {', '.join(sorted(self._entries))}>"
+
+
+def _tree(session: Session, tools: Mapping[str, ToolSpec], caller: Caller) -> Namespace:
+    files: dict[str, dict[str, ToolProxy | dict[str, ToolProxy]]] = {}
+    for spec in tools.values():
+        entries = files.setdefault(spec.file, {})
+        proxy = ToolProxy(session, spec.name, caller)
+        if spec.member is None:
+            entries[spec.export] = proxy
+        else:
+            members = entries.setdefault(spec.export, {})
+            assert isinstance(members, dict)
+            members[spec.member] = proxy
+    return Namespace(
+        "tools",
+        {
+            file: Namespace(
+                f"tools.{file}",
+                {
+                    name: Namespace(f"tools.{file}.{name}", value)
+                    if isinstance(value, dict)
+                    else value
+                    for name, value in entries.items()
+                },
+            )
+            for file, entries in files.items()
+        },
+    )
+
+
+class Session:
+    """One agent conversation: its own tool capsule and its own module state."""
+
+    def __init__(self, host: Host, session_id: str, supervisor: Supervisor) -> None:
+        self._host = host
+        self.id = session_id
+        self.supervisor = supervisor
+        self.tools = _tree(self, host.discovery.tools, "app")
+        """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.supervisor!r}>"
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call a tool by its name (``"add"``, ``"kanban.add"``), as the app."""
+        return await self.call_as("app", name, args, kwargs)
+
+    async def call_as(
+        self, caller: Caller, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        """Call a tool as ``caller`` (``agent``, ``script``, ``app`` or ``tool``)."""
+        return await self._host.mediator.call(self.supervisor, self.id, name, args, kwargs, caller)
+
+    def globals_for(self, caller: Caller) -> dict[str, Any]:
+        """The globals a script or agent code sees: ``tools`` and every installed export."""
+        tree = _tree(self, self._host.discovery.tools, caller)
+        scope: dict[str, Any] = {"tools": tree}
+        for spec in self._host.discovery.tools.values():
+            if spec.installed:
+                scope[spec.export] = getattr(getattr(tree, spec.file), spec.export)
+        return scope
+
+    @property
+    def failed_files(self) -> Mapping[str, str]:
+        """Tool files that failed to load in this session's capsule, with the reason."""
+        return dict(self.supervisor.failed_files)
+
+
+class Host:
+    """A tool host over one project. Use ``async with Host.open(project) as host``."""
+
+    def __init__(
+        self,
+        project: Project,
+        discovery: Discovery,
+        config: PolicyConfig,
+        factory: TransportFactory,
+        task_group: anyio.abc.TaskGroup,
+    ) -> None:
+        self.project = project
+        self.discovery = discovery
+        self.config = config
+        self.events = EventBus()
+        self.mediator = Mediator(discovery, config)
+        self._factory = factory
+        self._tg = task_group
+        self._sessions: set[Session] = set()
+        self._default: Session | None = None
+
+    def __repr__(self) -> str:
+        tools, sessions = len(self.discovery.tools), len(self._sessions)
+        return f"<Host {self.project.root} tools={tools} sessions={sessions}>"
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        project: str | os.PathLike[str] = "agent_src",
+        *,
+        policy: PolicyConfig | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        capsule: TransportFactory | None = None,
+    ) -> AsyncGenerator[Host]:
+        """Discover the tools, read the policy, start the default session's capsule.
+
+        Args:
+            project: the project folder (holding ``tools/`` or ``src/tools/``).
+            policy: a parsed policy to use instead of the project's policy files.
+            limits: overrides for ``[limits]`` (a ``Limits`` or a mapping of its fields).
+            capsule: a transport factory (default: subprocess capsules); see
+                ``host.testing.in_process`` for the in-process twin.
+
+        Raises:
+            DeclarationError: a tool file cannot be read or its names clash.
+            PolicyFileError: a policy file is malformed.
+        """
+        resolved = resolve_project(Path(project))
+        discovery = discover(resolved.tools_dir)
+        config = policy if policy is not None else load_policy(resolved.policy_files)
+        if limits is not None:
+            merged = config.limits.model_dump() | (
+                limits.model_dump(exclude_unset=True)
+                if isinstance(limits, Limits)
+                else dict(limits)
+            )
+            config = config.model_copy(update={"limits": Limits.model_validate(merged)})
+        try:
+            async with anyio.create_task_group() as tg:
+                host = cls(resolved, discovery, config, capsule or start_subprocess, tg)
+                try:
+                    host._default = await host._open_session()
+                    yield host
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await host._close()
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The background tasks never raise: a group holds the caller's own exception.
+            raise _single(group) from None
+
+    def _env(self) -> dict[str, str]:
+        env_config = self.config.env
+        passed = {name: os.environ[name] for name in env_config.pass_ if name in os.environ}
+        passed.update(env_config.set)
+        return minimal_env(passed)
+
+    async def _open_session(self) -> Session:
+        session_id = uuid.uuid4().hex[:12]
+        limits = self.config.limits
+        files = [f.module for f in self.discovery.files if not f.private]
+        supervisor = Supervisor(
+            discovery=self.discovery,
+            files=files,
+            tools=self.discovery.tools,
+            factory=self._factory,
+            events=self.events,
+            task_group=self._tg,
+            session=session_id,
+            cwd=str(self.project.root),
+            env=self._env(),
+            load_timeout=limits.load_timeout,
+            max_frame=limits.max_frame,
+            max_restarts=limits.max_restarts,
+            restart_window=limits.restart_window,
+            unavailable_for=limits.unavailable_for,
+        )
+        session = Session(self, session_id, supervisor)
+        self._sessions.add(session)
+        try:
+            await supervisor.ensure()
+        except Exception as exc:  # the capsule cannot start: calls will say why
+            self.events.emit("capsule_unavailable", session_id, reason=str(exc))
+        return session
+
+    async def _close(self) -> None:
+        sessions, self._sessions = list(self._sessions), set()
+        for session in sessions:
+            await session.supervisor.aclose()
+
+    @property
+    def default_session(self) -> Session:
+        if self._default is None:
+            raise HostError("the host is not open")
+        return self._default
+
+    @property
+    def tools(self) -> Namespace:
+        """The default session's ``tools.FILE.EXPORT[.MEMBER]`` tree."""
+        return self.default_session.tools
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call a tool by name in the default session, as the app."""
+        return await self.default_session.call_as("app", name, args, kwargs)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncGenerator[Session]:
+        """A new isolated session with its own capsule, closed on exit."""
+        session = await self._open_session()
+        try:
+            yield session
+        finally:
+            self._sessions.discard(session)
+            with anyio.CancelScope(shield=True):
+                await session.supervisor.aclose()
+
+    def on(self, kind: str, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` for every event of ``kind`` (``"*"`` for all)."""
+
+        def filtered(event: Any) -> None:
+            if kind == "*" or event.kind == kind:
+                listener(event)
+
+        return self.events.subscribe(filtered)

@@ -1,0 +1,71 @@
+"""Killing a capsule and everything it started.
+
+A capsule runs in its own process group and adopts orphaned descendants (it is a child
+subreaper on Linux), so its whole tree is: its process group, plus every process whose
+parent chain leads back to it. Both are killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+__all__ = ["descendants", "kill_tree", "minimal_env"]
+
+
+def _parents() -> dict[int, int]:
+    table: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # The command name may hold spaces and parentheses: split after the last ')'.
+            table[int(entry)] = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (Linux; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s descendants, its process group and ``pid`` itself."""
+    tree = descendants(pid) if sys.platform.startswith("linux") else []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for target in [pid, *tree]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(target, signal.SIGKILL)
+
+
+def minimal_env(passed: dict[str, str]) -> dict[str, str]:
+    """The environment of a capsule: a minimal base plus exactly what the policy passes."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    for name in ("HOME", "LANG", "TZ"):
+        value = os.environ.get(name)
+        if value is not None:
+            env[name] = value
+    env.setdefault("LANG", "C.UTF-8")
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(passed)
+    return env

@@ -1,0 +1,235 @@
+"""The subprocess capsule: ``python -m capsule`` in its own process group.
+
+The child gets a minimal environment (see ``_process.minimal_env``), an empty stdin for
+tool code, and speaks frames on its stdin/stdout pipes. Its stderr (logging, tracebacks
+printed by tools) is drained all the time into console events, rate-limited, so a flood
+can neither block the child nor grow the host's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+import capsule
+from capsule.protocol import BadFrame
+
+from ._events import EventBus
+from ._process import kill_tree
+from ._transport import CapsuleDied, Connection, LoadFailed, LoadReport, LoadRequest
+
+__all__ = ["SubprocessTransport", "start_subprocess"]
+
+_CAPSULE_PARENT = str(Path(capsule.__file__).resolve().parent.parent)
+_BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
+_CONSOLE_BURST = 1024 * 1024
+_CONSOLE_RATE = 256 * 1024  # bytes per second once the burst is spent
+
+
+class _Bucket:
+    """A token bucket for console bytes; counts what it drops."""
+
+    def __init__(self) -> None:
+        self.tokens = float(_CONSOLE_BURST)
+        self.stamp = time.monotonic()
+        self.dropped = 0
+
+    def take(self, size: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(_CONSOLE_BURST, self.tokens + (now - self.stamp) * _CONSOLE_RATE)
+        self.stamp = now
+        if self.tokens >= size:
+            self.tokens -= size
+            return True
+        self.dropped += size
+        return False
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"it was killed by {name}"
+    return f"it exited with status {code}"
+
+
+class SubprocessTransport:
+    """A capsule child process and the connection to it."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        connection: Connection,
+        events: EventBus,
+        session: str | None,
+    ) -> None:
+        self._process = process
+        self._connection = connection
+        self._events = events
+        self._session = session
+        self._report = LoadReport()
+        self._scope = anyio.CancelScope()
+        self._killed: str | None = None
+        self._exited = anyio.Event()
+        self.serving = anyio.Event()
+        self.stderr_tail = bytearray()
+
+    @property
+    def report(self) -> LoadReport:
+        return self._report
+
+    @property
+    def alive(self) -> bool:
+        return self._connection.dead is None and self._killed is None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
+        return await self._connection.call(call_id, tool, encoded, timeout)
+
+    def _kill_now(self, reason: str) -> None:
+        if self._killed is None:
+            self._killed = reason
+        kill_tree(self._process.pid)
+
+    async def kill(self, reason: str) -> None:
+        self._kill_now(reason)
+        self._connection.fail_all(reason)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self._exited.wait()
+        self._scope.cancel()
+
+    async def _drain_stderr(self) -> None:
+        stream = self._process.stderr
+        assert stream is not None
+        bucket = _Bucket()
+        reported = 0
+        while True:
+            try:
+                data = await stream.receive(1 << 16)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            self.stderr_tail += data
+            del self.stderr_tail[: max(0, len(self.stderr_tail) - 16384)]
+            if bucket.take(len(data)):
+                self._events.emit(
+                    "console", self._session, stream="stderr", data=data.decode("utf-8", "replace")
+                )
+            elif bucket.dropped - reported >= _CONSOLE_BURST or reported == 0:
+                reported = bucket.dropped
+                self._events.emit("console_dropped", self._session, dropped_bytes=bucket.dropped)
+
+    async def _watch(self) -> None:
+        code = await self._process.wait()
+        reason = self._killed or _exit_reason(code)
+        self._connection.fail_all(reason)
+        # Descendants that kept the pipes open must not keep the capsule half-alive.
+        kill_tree(self._process.pid)
+        self._exited.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Own the capsule's background tasks until it ends."""
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._drain_stderr)
+                tg.start_soon(self._watch)
+                task_status.started()
+                await self.serving.wait()  # the load phase reads the pipe until then
+                await self._connection.run()
+                with anyio.move_on_after(5):
+                    await self._exited.wait()
+                tg.cancel_scope.cancel()
+        self._connection.close()
+        if self._process.stderr is not None:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(
+                    OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await self._process.stderr.aclose()
+
+
+async def start_subprocess(
+    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
+) -> SubprocessTransport:
+    """Start a capsule child, load the tool files into it, and return it serving.
+
+    If the child dies, hangs or misbehaves while loading, it is killed and
+    :class:`LoadFailed` says why, with ``report.culprit`` naming the file being imported;
+    the caller retries without that file.
+    """
+    command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+    child_in, host_out = os.pipe()
+    host_in, child_out = os.pipe()
+    try:
+        process = await anyio.open_process(
+            command,
+            stdin=child_in,
+            stdout=child_out,
+            stderr=subprocess.PIPE,
+            cwd=request.cwd,
+            env=dict(request.env),
+            start_new_session=True,
+        )
+    except BaseException:
+        for fd in (host_out, host_in):
+            os.close(fd)
+        raise
+    finally:
+        os.close(child_in)
+        os.close(child_out)
+    transport: SubprocessTransport | None = None
+
+    def violation(reason: str) -> None:
+        if transport is not None:
+            transport._kill_now(reason)  # pyright: ignore[reportPrivateUsage]
+
+    connection = Connection(
+        host_out,
+        host_in,
+        events=events,
+        session=request.session,
+        on_violation=violation,
+        max_frame=request.max_frame,
+    )
+    transport = SubprocessTransport(process, connection, events, request.session)
+    try:
+        await task_group.start(transport.run)
+        try:
+            await connection.load(request, transport.report)
+        except CapsuleDied:
+            with anyio.move_on_after(2):
+                await transport._exited.wait()  # pyright: ignore[reportPrivateUsage]
+            reason = _exit_reason(process.returncode)
+            await transport.kill(reason)
+            raise LoadFailed(reason, transport.report) from None
+        except TimeoutError:
+            reason = f"importing it did not finish within {request.load_timeout:g} s"
+            await transport.kill(reason)
+            raise LoadFailed(reason, transport.report) from None
+        except BadFrame as exc:
+            reason = f"it broke the wire protocol while loading ({exc})"
+            await transport.kill(reason)
+            raise LoadFailed(reason, transport.report) from None
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await transport.kill("it failed to load")
+        raise
+    transport.serving.set()
+    return transport
