@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 import anyio
 
@@ -26,6 +26,9 @@ from ._project import default_project
 from .errors import HostError
 
 __all__ = ["main"]
+
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # pyright: ignore[reportPrivateUsage]
 
 
 class UsageError(Exception):
@@ -161,25 +164,34 @@ async def _run(args: argparse.Namespace) -> int:
 # -- entry point ---------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--project", metavar="DIR", help="the project folder (default: see README)")
-    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-
-    parser = argparse.ArgumentParser(
-        prog="toolhost", description="A sandboxed capsule tool host for LLM agents."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_call(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     call = sub.add_parser("call", parents=[common], help="one mediated call (caller app)")
     call.add_argument("name", help="the tool name, e.g. add or kanban.add")
     call.add_argument("args", nargs="*", metavar="ARG", help="JSON if it parses, else a string")
     call.add_argument("--kw", action="append", metavar="K=V", help="a keyword argument")
     call.set_defaults(handler=_call)
 
+
+def _add_run(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", parents=[common], help="a trusted script, every tool a global")
     run.add_argument("script", metavar="SCRIPT.py")
     run.set_defaults(handler=_run)
+
+
+COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [_add_call, _add_run]
+"""Each adds one sub-command; commands of other modules append themselves here."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--project", metavar="DIR", help="the project folder (default: see README)")
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser = argparse.ArgumentParser(
+        prog="toolhost", description="A sandboxed capsule tool host for LLM agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub, common)
     return parser
 
 
