@@ -12,18 +12,23 @@ lists and refuses a file whose run-time exports differ from what it declared:
   file, or is listed in ``__all__``;
 * an instance of a class defined in the tools package, or a ``types.SimpleNamespace``, is
   an object export: its public methods (from project classes in its MRO) or its public
-  callable members are tools named ``OBJECT.MEMBER``;
+  function members (defined in the tools package) are tools named ``OBJECT.MEMBER``. An
+  object the file imported from a sibling is an export only when ``__all__`` lists it:
+  while a file loads, the sibling modules it imports from are recorded, and an object that
+  is a top-level value of one of them is taken as imported;
 * classes, modules and data are never tools.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +66,8 @@ def install_package(tools_dir: str, package: str = PACKAGE) -> None:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[package] = module
-        spec.loader.exec_module(module)
+        with _recording_imports(package):
+            spec.loader.exec_module(module)
     else:
         module = types.ModuleType(package)
         module.__path__ = [tools_dir]
@@ -69,9 +75,62 @@ def install_package(tools_dir: str, package: str = PACKAGE) -> None:
         sys.modules[package] = module
 
 
+_sources: dict[str, set[str]] = {}
+"""Module name -> the package modules it imported names from (recorded while loading)."""
+
+
+def _in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@contextlib.contextmanager
+def _recording_imports(package: str) -> Generator[None]:
+    """Record, for each module of ``package`` being imported, which modules it imports from.
+
+    ``from .state import board`` runs ``__import__("state", globals, ..., ("board",), 1)``;
+    this is the only run-time trace of where a top-level name came from.
+    """
+    original = builtins.__import__
+
+    def recording(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: Sequence[str] | None = (),
+        level: int = 0,
+    ) -> types.ModuleType:
+        module = original(name, globals, locals, fromlist or (), level)
+        importer = globals.get("__name__") if globals is not None else None
+        if isinstance(importer, str) and _in_package(importer, package) and fromlist:
+            found = _sources.setdefault(importer, set())
+            found.add(module.__name__)
+            for item in fromlist:
+                sub = getattr(module, item, None)
+                if isinstance(sub, types.ModuleType):
+                    found.add(sub.__name__)  # ``from . import state``: names are read off it
+        return module
+
+    builtins.__import__ = recording
+    try:
+        yield
+    finally:
+        builtins.__import__ = original
+
+
 def import_file(module: str, package: str = PACKAGE) -> types.ModuleType:
-    """Import ``package.module`` (once)."""
-    return importlib.import_module(f"{package}.{module}")
+    """Import ``package.module`` (once), recording where its imported names come from."""
+    with _recording_imports(package):
+        return importlib.import_module(f"{package}.{module}")
+
+
+def _imported_values(module: types.ModuleType, package: str) -> set[int]:
+    """Ids of the top-level values of the package modules ``module`` imported from."""
+    ids: set[int] = set()
+    for source in _sources.get(module.__name__, ()):
+        other = sys.modules.get(source)
+        if other is not None and other is not module and _in_package(source, package):
+            ids.update(id(value) for value in vars(other).values())
+    return ids
 
 
 def _is_function(obj: object) -> bool:
@@ -84,27 +143,46 @@ def _project_class(cls: type, package: str) -> bool:
     return cls.__module__ == package or cls.__module__.startswith(package + ".")
 
 
+def _namespace_member(value: object, package: str) -> bool:
+    """A function defined in the tools package (not a bound method, not a builtin)."""
+    module = getattr(value, "__module__", None)
+    return (
+        _is_function(value)
+        and not inspect.ismethod(value)
+        and isinstance(module, str)
+        and _in_package(module, package)
+    )
+
+
 def _object_members(obj: object, package: str) -> list[str] | None:
     """The public callable members of an object export, or None if it is not one."""
     if type(obj) is types.SimpleNamespace:
         return sorted(
             name
             for name, value in vars(obj).items()
-            if not name.startswith("_") and _is_function(value)
+            if not name.startswith("_") and _namespace_member(value, package)
         )
     cls = type(obj)
     if not _project_class(cls, package):
         return None
-    members: set[str] = set()
-    for klass in cls.__mro__:
-        if not _project_class(klass, package):
-            continue
-        for name, value in vars(klass).items():
-            if name.startswith("_"):
-                continue
-            if isinstance(value, (staticmethod, classmethod)) or inspect.isfunction(value):
-                members.add(name)
-    return sorted(members)
+    names = {
+        name
+        for klass in cls.__mro__
+        if _project_class(klass, package)
+        for name in vars(klass)
+        if not name.startswith("_")
+    }
+    members: list[str] = []
+    for name in sorted(names):
+        # The class that defines the name first in the MRO decides what it is, as for
+        # attribute lookup: a subclass's ``name = None`` hides a base class's method.
+        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+        value = vars(owner)[name]
+        if _project_class(owner, package) and (
+            isinstance(value, (staticmethod, classmethod)) or inspect.isfunction(value)
+        ):
+            members.append(name)
+    return members
 
 
 def runtime_exports(module: types.ModuleType, package: str = PACKAGE) -> list[str]:
@@ -116,6 +194,7 @@ def runtime_exports(module: types.ModuleType, package: str = PACKAGE) -> list[st
     else:
         candidates = [name for name in namespace if not name.startswith("_")]
     names: list[str] = []
+    imported: set[int] | None = None
     for name in candidates:
         if name not in namespace:
             continue
@@ -126,6 +205,11 @@ def runtime_exports(module: types.ModuleType, package: str = PACKAGE) -> list[st
             if listed is not None or getattr(obj, "__module__", None) == module.__name__:
                 names.append(name)
             continue
+        if listed is None:
+            if imported is None:
+                imported = _imported_values(module, package)
+            if id(obj) in imported:
+                continue  # imported from a sibling: an export only when __all__ lists it
         members = _object_members(obj, package)
         if members:
             names.extend(f"{name}.{member}" for member in members)
@@ -138,12 +222,26 @@ def resolve(
     path: list[str],
     params: list[tuple[str, int]],
 ) -> Target:
-    """Find the callable at ``path`` (export, then member) inside ``module``."""
+    """Find the callable at ``path`` (export, then member) inside ``module``.
+
+    A path that is missing or not callable at run time does not fail the load here: the
+    file's run-time exports then differ from what discovery declared, and the host refuses
+    the file with both lists in the reason (an error here would hide that comparison).
+    Should a call reach such a target anyway, it raises ``TypeError``.
+    """
     obj: Any = module
-    for part in path:
-        obj = getattr(obj, part)
+    try:
+        for part in path:
+            obj = getattr(obj, part)
+    except AttributeError:
+        obj = None
     if not callable(obj):
-        raise TypeError(f"{'.'.join(path)} is not callable")
+        problem = f"{'.'.join(path)} is not callable at run time ({type(obj).__name__})"
+
+        def not_callable(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(problem)
+
+        obj = not_callable
     is_async = inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(
         getattr(obj, "__wrapped__", None)
     )
