@@ -14,6 +14,9 @@ from ._discovery import discover as discover
 from ._events import Event as Event
 from ._host import Host as Host
 from ._host import Session as Session
+from ._sandbox import CodeCall as CodeCall
+from ._sandbox import CodeError as CodeError
+from ._sandbox import CodeResult as CodeResult
 from .errors import CallError as CallError
 from .errors import CapsuleCrashed as CapsuleCrashed
 from .errors import DeclarationError as DeclarationError
@@ -41,6 +44,10 @@ __all__ = (
     "Discovery",
     "ToolSpec",
     "discover",
+    # agent code
+    "CodeResult",
+    "CodeError",
+    "CodeCall",
     # errors
     "errors",
     "HostError",

@@ -24,6 +24,7 @@ from ._events import EventBus
 from ._mediator import Caller, Mediator
 from ._process import minimal_env
 from ._project import Project, resolve_project
+from ._sandbox import CodeResult, CodeSandbox
 from ._subprocess import start_subprocess
 from ._supervisor import Supervisor
 from ._transport import TransportFactory
@@ -112,6 +113,17 @@ class Session:
         self.supervisor = supervisor
         self.tools = _tree(self, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
+        self.code = CodeSandbox(
+            kind=host.config.capsules.code,
+            tools=host.discovery.tools,
+            call=lambda name, args, kwargs: self.call_as("agent", name, args, kwargs),
+            canonical=lambda name: host.mediator.lookup(name).name,
+            limits=host.config.limits,
+            events=host.events,
+            session=session_id,
+            task_group=host._tg,  # pyright: ignore[reportPrivateUsage]
+        )
+        """The session's code sandbox, started by the first ``run_code``."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.supervisor!r}>"
@@ -125,6 +137,17 @@ class Session:
     ) -> Any:
         """Call a tool as ``caller`` (``agent``, ``script``, ``app`` or ``tool``)."""
         return await self._host.mediator.call(self.supervisor, self.id, name, args, kwargs, caller)
+
+    async def run_code(self, source: str) -> CodeResult:
+        """Run agent code in this session's sandbox; its tool calls are made as ``agent``.
+
+        Variables and imports persist between runs; failures are in the result.
+        """
+        return await self.code.run(source)
+
+    async def reset_code(self) -> None:
+        """Start the code sandbox afresh: the next run has no variables or imports."""
+        await self.code.reset()
 
     def globals_for(self, caller: Caller) -> dict[str, Any]:
         """The globals a script or agent code sees: ``tools`` and every installed export."""
@@ -250,6 +273,7 @@ class Host:
     async def _close(self) -> None:
         sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
+            await session.code.aclose()
             await session.supervisor.aclose()
 
     @property
@@ -267,6 +291,14 @@ class Host:
         """Call a tool by name in the default session, as the app."""
         return await self.default_session.call_as("app", name, args, kwargs)
 
+    async def run_code(self, source: str) -> CodeResult:
+        """Run agent code in the default session's sandbox (see ``Session.run_code``)."""
+        return await self.default_session.run_code(source)
+
+    async def reset_code(self) -> None:
+        """Start the default session's code sandbox afresh."""
+        await self.default_session.reset_code()
+
     @asynccontextmanager
     async def session(self) -> AsyncGenerator[Session]:
         """A new isolated session with its own capsule, closed on exit."""
@@ -276,6 +308,7 @@ class Host:
         finally:
             self._sessions.discard(session)
             with anyio.CancelScope(shield=True):
+                await session.code.aclose()
                 await session.supervisor.aclose()
 
     def on(self, kind: str, listener: Callable[[Any], None]) -> Callable[[], None]:
