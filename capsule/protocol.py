@@ -6,8 +6,10 @@ msgpack.
 
 A frame is a 4-byte big-endian length followed by that many bytes of one msgpack value.
 A length over the cap is refused before any of the body is read. Decoding never
-unpickles, never evals, refuses every ext type, refuses non-str map keys and refuses
-trailing bytes. Every frame is a map whose ``"k"`` names its kind; see the ``K_*`` names.
+unpickles, never evals, refuses every ext type and trailing bytes; :func:`check_plain`
+(and :func:`as_map` for an envelope) refuse what msgpack lets through: the timestamp
+extension and bytes map keys. Every frame is a map whose ``"k"`` names its kind; see the
+``K_*`` names.
 
 Host to capsule:
     ``load``    {"k", "dir", "package", "files": [module...], "tools": {name: target}}
@@ -23,22 +25,6 @@ Capsule to host:
     ``ok``      {"k", "id", "value"}
     ``err``     {"k", "id", "error": {"kind", "type", "message", "traceback", "path"}}
     ``console`` {"k", "stream", "data"}         output the tools printed
-
-The code sandbox (agent code, ``capsule._guest``) speaks its own kinds on its pipes:
-
-Host to sandbox:
-    ``setup``   {"k", "tools": [[name, file, export, member|None, installed]...],
-                "max_output", "max_argument"}   once, first
-    ``run``     {"k", "id", "source"}            run agent code (one run at a time)
-    ``ok``      {"k", "id", "value"}             a tool call's value (``id`` of its ``use``)
-    ``err``     {"k", "id", "error": {"kind", "message", ...}}   a tool call's error
-
-Sandbox to host:
-    ``ready``   {"k", "pid", "python"}           set up; runs may come
-    ``use``     {"k", "id", "run", "tool", "args": [..], "kwargs": {..}}   agent code
-                awaits a tool call; the host binds, decides and runs it as caller agent
-    ``drop``    {"k", "id"}                      the code stopped waiting for that call
-    ``done``    {"k", "id", "ok", "value", "stdout", "error", "warnings"}   a run ended
 """
 
 from __future__ import annotations
@@ -80,11 +66,6 @@ K_READY: Final = "ready"
 K_OK: Final = "ok"
 K_ERR: Final = "err"
 K_CONSOLE: Final = "console"
-K_SETUP: Final = "setup"
-K_RUN: Final = "run"
-K_USE: Final = "use"
-K_DROP: Final = "drop"
-K_DONE: Final = "done"
 
 # Error kinds a capsule may report in an ``err`` frame. Anything else is a protocol error.
 E_TOOL: Final = "tool_error"
@@ -172,17 +153,22 @@ def as_map(value: Any) -> dict[str, Any]:
     """``value`` if it is a map (decoded with str keys), else :class:`BadFrame`."""
     if not isinstance(value, dict):
         raise BadFrame(f"expected a map, got {type(value).__name__}")
-    return value  # pyright: ignore[reportUnknownVariableType]
+    mapping: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
+    for key in mapping:
+        if type(key) is not str:
+            raise BadFrame(f"map keys must be str, not {type(key).__name__}")
+    return mapping
 
 
 _SCALARS: Final = (str, int, float, bool, bytes, type(None))
 
 
 def check_plain(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
-    """Check that a decoded value holds only wire types (no ``Timestamp``), within depth.
+    """Check that a decoded value holds only wire types, with str keys, within depth.
 
-    msgpack decodes its timestamp extension without asking ``ext_hook``, so decoded data
-    from an untrusted peer is walked once. Raises :class:`BadFrame`.
+    msgpack decodes its timestamp extension without asking ``ext_hook``, and its
+    ``strict_map_key`` accepts bytes keys as well as str, so decoded data from an
+    untrusted peer is walked once. Raises :class:`BadFrame`.
     """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -195,7 +181,10 @@ def check_plain(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
             items: list[Any] = item  # pyright: ignore[reportUnknownVariableType]
             stack.extend((x, depth + 1) for x in items)
         elif isinstance(item, dict):
-            values: list[Any] = list(item.values())  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
-            stack.extend((x, depth + 1) for x in values)
+            mapping: dict[Any, Any] = item  # pyright: ignore[reportUnknownVariableType]
+            for key in mapping:
+                if type(key) is not str:  # strict_map_key lets bytes keys through
+                    raise BadFrame(f"map keys must be str, not {type(key).__name__}")
+            stack.extend((x, depth + 1) for x in mapping.values())
         else:
             raise BadFrame(f"{type(item).__name__} is not allowed on the wire")
