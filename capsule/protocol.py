@@ -25,6 +25,22 @@ Capsule to host:
     ``ok``      {"k", "id", "value"}
     ``err``     {"k", "id", "error": {"kind", "type", "message", "traceback", "path"}}
     ``console`` {"k", "stream", "data"}         output the tools printed
+
+The code sandbox (agent code, ``capsule._guest``) speaks its own kinds on its pipes:
+
+Host to sandbox:
+    ``setup``   {"k", "tools": [[name, file, export, member|None, installed]...],
+                "max_output", "max_argument"}   once, first
+    ``run``     {"k", "id", "source"}            run agent code (one run at a time)
+    ``ok``      {"k", "id", "value"}             a tool call's value (``id`` of its ``use``)
+    ``err``     {"k", "id", "error": {"kind", "message", ...}}   a tool call's error
+
+Sandbox to host:
+    ``ready``   {"k", "pid", "python"}           set up; runs may come
+    ``use``     {"k", "id", "run", "tool", "args": [..], "kwargs": {..}}   agent code
+                awaits a tool call; the host binds, decides and runs it as caller agent
+    ``drop``    {"k", "id"}                      the code stopped waiting for that call
+    ``done``    {"k", "id", "ok", "value", "stdout", "error", "warnings"}   a run ended
 """
 
 from __future__ import annotations
@@ -66,6 +82,11 @@ K_READY: Final = "ready"
 K_OK: Final = "ok"
 K_ERR: Final = "err"
 K_CONSOLE: Final = "console"
+K_SETUP: Final = "setup"
+K_RUN: Final = "run"
+K_USE: Final = "use"
+K_DROP: Final = "drop"
+K_DONE: Final = "done"
 
 # Error kinds a capsule may report in an ``err`` frame. Anything else is a protocol error.
 E_TOOL: Final = "tool_error"
