@@ -2,12 +2,15 @@
 
 The child gets a minimal environment (see ``_process.minimal_env``), an empty stdin for
 tool code, and speaks frames on its stdin/stdout pipes. Its stderr (logging, tracebacks
-printed by tools) is drained all the time into console events, rate-limited, so a flood
-can neither block the child nor grow the host's memory.
+printed by tools) is drained all the time into console events. Console output of both
+streams (stderr, and the ``console`` frames that carry what tools wrote to fd 1) passes one
+token bucket per capsule, enforced here in the host because the capsule is not trusted to
+limit itself, so a flood can neither block the child nor grow the host's memory.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import signal
@@ -23,7 +26,7 @@ import anyio.abc
 import capsule
 from capsule.protocol import BadFrame
 
-from ._events import EventBus
+from ._events import Event, EventBus
 from ._process import kill_tree
 from ._transport import CapsuleDied, Connection, LoadFailed, LoadReport, LoadRequest
 
@@ -54,6 +57,32 @@ class _Bucket:
         return False
 
 
+class _ConsoleGate(EventBus):
+    """The event bus as one capsule's connection sees it: console output is rate-limited.
+
+    Every other event passes straight to the host's bus. Console events over the budget
+    are dropped and counted; a ``console_dropped`` event reports the count (at the first
+    drop, then after every further ``_CONSOLE_BURST`` bytes dropped).
+    """
+
+    def __init__(self, events: EventBus) -> None:
+        super().__init__(keep=1)
+        self._events = events
+        self._bucket = _Bucket()
+        self._reported = 0
+
+    def emit(self, kind: str, session: str | None = None, **data: Any) -> Event:
+        if kind == "console":
+            text = data.get("data")
+            if not self._bucket.take(len(text) if isinstance(text, str) else 0):
+                dropped = self._bucket.dropped
+                if self._reported == 0 or dropped - self._reported >= _CONSOLE_BURST:
+                    self._reported = dropped
+                    return self._events.emit("console_dropped", session, dropped_bytes=dropped)
+                return Event("console_dropped", session, {"dropped_bytes": dropped})
+        return self._events.emit(kind, session, **data)
+
+
 def _exit_reason(code: int | None) -> str:
     if code is None:
         return "it stopped answering"
@@ -73,12 +102,12 @@ class SubprocessTransport:
         self,
         process: anyio.abc.Process,
         connection: Connection,
-        events: EventBus,
+        gate: EventBus,
         session: str | None,
     ) -> None:
         self._process = process
         self._connection = connection
-        self._events = events
+        self._gate = gate
         self._session = session
         self._report = LoadReport()
         self._scope = anyio.CancelScope()
@@ -117,8 +146,7 @@ class SubprocessTransport:
     async def _drain_stderr(self) -> None:
         stream = self._process.stderr
         assert stream is not None
-        bucket = _Bucket()
-        reported = 0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         while True:
             try:
                 data = await stream.receive(1 << 16)
@@ -126,13 +154,9 @@ class SubprocessTransport:
                 return
             self.stderr_tail += data
             del self.stderr_tail[: max(0, len(self.stderr_tail) - 16384)]
-            if bucket.take(len(data)):
-                self._events.emit(
-                    "console", self._session, stream="stderr", data=data.decode("utf-8", "replace")
-                )
-            elif bucket.dropped - reported >= _CONSOLE_BURST or reported == 0:
-                reported = bucket.dropped
-                self._events.emit("console_dropped", self._session, dropped_bytes=bucket.dropped)
+            text = decoder.decode(data)
+            if text:
+                self._gate.emit("console", self._session, stream="stderr", data=text)
 
     async def _watch(self) -> None:
         code = await self._process.wait()
@@ -146,23 +170,30 @@ class SubprocessTransport:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Own the capsule's background tasks until it ends."""
-        with self._scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._drain_stderr)
-                tg.start_soon(self._watch)
-                task_status.started()
-                await self.serving.wait()  # the load phase reads the pipe until then
-                await self._connection.run()
-                with anyio.move_on_after(5):
-                    await self._exited.wait()
-                tg.cancel_scope.cancel()
-        self._connection.close()
-        if self._process.stderr is not None:
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(
-                    OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
-                ):
-                    await self._process.stderr.aclose()
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._drain_stderr)
+                    tg.start_soon(self._watch)
+                    task_status.started()
+                    await self.serving.wait()  # the load phase reads the pipe until then
+                    await self._connection.run()
+                    with anyio.move_on_after(5):
+                        await self._exited.wait()
+                    tg.cancel_scope.cancel()
+        finally:
+            # Also when the host's task group is cancelled while closing: a pipe left open
+            # here is closed by the garbage collector after the event loop has ended,
+            # which raises inside asyncio. aclose() closes the pipe transports too.
+            self._connection.close()
+            if self._process.returncode is None:
+                kill_tree(self._process.pid)  # not reaped yet, so the pid is still ours
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(5),
+                contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError),
+            ):
+                await self._process.aclose()
 
 
 async def start_subprocess(
@@ -200,15 +231,16 @@ async def start_subprocess(
         if transport is not None:
             transport._kill_now(reason)  # pyright: ignore[reportPrivateUsage]
 
+    gate = _ConsoleGate(events)
     connection = Connection(
         host_out,
         host_in,
-        events=events,
+        events=gate,
         session=request.session,
         on_violation=violation,
         max_frame=request.max_frame,
     )
-    transport = SubprocessTransport(process, connection, events, request.session)
+    transport = SubprocessTransport(process, connection, gate, request.session)
     try:
         await task_group.start(transport.run)
         try:

@@ -1,0 +1,200 @@
+"""A real subprocess capsule: module state, concurrency, results, and its output channel.
+
+Every test here starts real ``python -m capsule`` processes on the lab project
+(``tests/fixtures/e2e/lab``) and runs under asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import psutil
+import pytest
+
+from host import Host, NotSerializable, ToolError
+
+from .fixtures.e2e.helpers import LAB, Recorder, capsule_pids, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+
+
+# -- module state and concurrency ----------------------------------------------------------
+
+
+async def test_module_state_persists_across_calls_in_a_session() -> None:
+    async with Host.open(LAB) as host:
+        assert [await host.call("bump") for _ in range(3)] == [1, 2, 3]
+        assert await host.tools.state.bump() == 4
+        assert await host.call("tools.state.bump") == 5
+
+
+async def test_each_session_has_its_own_capsule_and_state() -> None:
+    async with Host.open(LAB) as host:
+        await host.call("bump")
+        await host.call("bump")
+        async with host.session() as other:
+            assert await other.call("bump") == 1
+            assert await other.call("pid") != await host.call("pid")
+        assert await host.call("bump") == 3
+
+
+async def test_async_tools_run_concurrently() -> None:
+    async with Host.open(LAB) as host:
+        results: list[float] = []
+
+        async def one() -> None:
+            results.append(await host.call("nap", 0.5))
+
+        start = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(one)
+        elapsed = time.monotonic() - start
+        assert results == [0.5] * 10
+        assert elapsed < 4.0, f"10 concurrent naps of 0.5 s took {elapsed:.2f} s"
+
+
+async def test_a_slow_sync_tool_does_not_stall_a_fast_call() -> None:
+    async with Host.open(LAB) as host, anyio.create_task_group() as tg:
+        slow_done = anyio.Event()
+
+        async def slow() -> None:
+            await host.call("block", 3.0)
+            slow_done.set()
+
+        tg.start_soon(slow)
+        await anyio.sleep(0.3)  # let the blocking call reach its worker thread
+        start = time.monotonic()
+        assert await host.call("quick") == "quick"
+        assert await host.call("nap", 0.01) == 0.01
+        assert time.monotonic() - start < 2.0
+        assert not slow_done.is_set(), "the slow call should still be running"
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+async def test_rich_results_convert_to_plain_data() -> None:
+    async with Host.open(LAB) as host:
+        assert await host.call("point") == {"x": 1, "y": 2}
+        assert await host.call("movie") == {"title": "Alien", "year": 1979}
+        assert await host.call("color") == "red"
+        assert await host.call("when") == "2026-11-30T13:40:00+00:00"
+        assert await host.call("everything") == {
+            "point": {"x": 3, "y": 4},
+            "colors": ["red"],
+            "day": "2026-01-02",
+            "pair": {"left": 1, "right": "a"},
+            "tuple": [1, 2],
+        }
+
+
+@pytest.mark.parametrize(
+    ("tool", "type_name", "path"),
+    [
+        ("a_set", "set", "result"),
+        ("generator", "generator", "result"),
+        ("nested_set", "frozenset", "result['items'][3]['bad']"),
+    ],
+)
+async def test_values_that_are_not_plain_data_are_refused(
+    tool: str, type_name: str, path: str
+) -> None:
+    async with Host.open(LAB) as host:
+        with pytest.raises(NotSerializable) as info:
+            await host.call(tool)
+        assert info.value.type_name == type_name
+        assert info.value.path == path
+        assert type_name in str(info.value) and path in str(info.value)
+        assert await host.call("bump") == 1, "the capsule stays healthy"
+
+
+async def test_a_raising_tool_is_a_tool_error_with_its_own_traceback() -> None:
+    async with Host.open(LAB) as host:
+        with pytest.raises(ToolError) as info:
+            await host.call("boom", 7)
+        error = info.value
+        assert error.type_name == "ValueError"
+        assert error.error_message == "bad value 7"
+        assert error.traceback.startswith("Traceback (most recent call last):")
+        assert "results.py" in error.traceback
+        assert "in boom" in error.traceback and "in _inner" in error.traceback
+        assert error.traceback.rstrip().endswith("ValueError: bad value 7")
+        for internal in ("capsule/", "_serve.py", "_registry.py", "asyncio", "threading"):
+            assert internal not in error.traceback, error.traceback
+        with pytest.raises(ToolError) as info:
+            await host.call("aboom")
+        assert info.value.type_name == "LookupError"
+        assert "in aboom" in info.value.traceback
+        assert "capsule/" not in info.value.traceback
+        assert await host.call("quick") == "quick"
+
+
+@pytest.mark.parametrize("tool", ["leave", "aleave"])
+async def test_sys_exit_in_a_tool_is_a_tool_error(tool: str) -> None:
+    async with Host.open(LAB) as host:
+        before = capsule_pids(host)[0]
+        await host.call("bump")
+        with pytest.raises(ToolError) as info:
+            await host.call(tool, 3)
+        assert info.value.type_name == "SystemExit"
+        assert info.value.error_message == "3"
+        assert await host.call("bump") == 2, "same capsule, same state"
+        assert capsule_pids(host)[0] == before
+
+
+# -- the output channel --------------------------------------------------------------------
+
+
+async def test_every_kind_of_output_becomes_console_events() -> None:
+    async with Host.open(LAB) as host:
+        recorder = Recorder(host)
+        assert await host.call("talk") == "intact"
+        expected = [
+            "hi from print",
+            "raw fd write",
+            "c-level",
+            "from-child",
+            "logged to stderr",
+            "explicit stderr",
+        ]
+        await wait_until(
+            lambda: all(line in recorder.console() for line in expected),
+            what="console events",
+        )
+        streams = {
+            line: {e.data["stream"] for e in recorder.of("console") if line in e.data["data"]}
+            for line in expected
+        }
+        assert streams["hi from print"] == {"stdout"}
+        assert streams["c-level"] == {"stdout"}
+        assert streams["logged to stderr"] == {"stderr"}
+        assert await host.call("bump") == 1, "the protocol channel is intact"
+
+
+async def test_stdin_is_empty() -> None:
+    async with Host.open(LAB) as host:
+        assert await host.call("read_stdin") == ["", b""]
+
+
+async def test_a_flood_of_output_is_dropped_and_the_host_stays_small() -> None:
+    async with Host.open(LAB) as host:
+        recorder = Recorder(host)
+        me = psutil.Process()
+        await host.call("quick")
+        before = me.memory_info().rss
+        start = time.monotonic()
+        assert await host.call("flood", 25) == 25  # 25 MB to stdout and 25 MB to stderr
+        elapsed = time.monotonic() - start
+        await wait_until(lambda: recorder.of("console_dropped"), what="console_dropped")
+        await anyio.sleep(0.5)  # let the stderr drain catch up
+        grown = me.memory_info().rss - before
+        delivered = sum(len(e.data["data"]) for e in recorder.of("console"))
+        dropped = max(e.data["dropped_bytes"] for e in recorder.of("console_dropped"))
+        # The budget is a 1 MiB burst plus 256 KiB/s: far below the 50 MB written.
+        assert delivered <= 1024 * 1024 + 256 * 1024 * (elapsed + 2) + 65536
+        assert dropped > 10 * 1024 * 1024
+        assert grown < 40 * 1024 * 1024, f"host memory grew by {grown / 1e6:.1f} MB"
+        assert await host.call("bump") == 1
+        assert await host.call("quick") == "quick"
