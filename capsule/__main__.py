@@ -5,8 +5,14 @@ child process inherits; fd 0 becomes ``/dev/null`` and fd 1 becomes a pipe whose
 (``print``, stray writes from C code) are forwarded to the host as ``console`` frames.
 fd 2 stays the host's stderr pipe, which the host drains (logging goes there).
 
-A lifeline thread watches the parent: if the host dies, the capsule kills its own
-process group and every child it adopted, so no process outlives the host.
+Where processes can be forked, the process the host starts splits in two at once: a
+small *reaper* that never runs user code, and the *worker* that loads the tools and
+serves calls. The reaper is a child subreaper, so every orphaned descendant (a daemon
+that double-forked and ``setsid()``-ed away from the process group) is re-parented to
+it. When the worker dies in any way (``os._exit`` or SIGKILL from a tool) or the host
+dies, the reaper kills every descendant it has and exits with the worker's status, so
+no process outlives the capsule or the host. The worker watches the reaper the same way
+(a lifeline thread), in case a tool kills the reaper.
 """
 
 from __future__ import annotations
@@ -58,26 +64,49 @@ def _forward_console(capsule: Capsule, fd: int) -> None:
                 return
 
 
-def _kill_everything() -> None:
-    """Kill our adopted children and our process group (which includes us)."""
-    me = os.getpid()
+def _descendants(root: int) -> list[int]:
+    """Every living descendant of ``root``, read from ``/proc`` (Linux; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
     try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-                ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == me:
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
+        entries = os.listdir("/proc")
     except OSError:
-        pass
-    if os.getpgrp() == me:
-        os.killpg(me, signal.SIGKILL)
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # The command name may hold spaces and parentheses: split after the last ')'.
+            ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every descendant; a few passes catch processes forked meanwhile."""
+    for _ in range(3):
+        tree = _descendants(os.getpid())
+        if not tree:
+            return
+        for pid in tree:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _kill_everything() -> None:
+    """Kill our descendants and our process group (which includes us)."""
+    _kill_descendants()
+    with contextlib.suppress(OSError):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(1)
 
 
@@ -86,6 +115,43 @@ def _lifeline(parent: int) -> None:
         time.sleep(0.2)
         if os.getppid() != parent:
             _kill_everything()
+
+
+def _reap(worker: int) -> None:
+    """The reaper's life: wait for the worker (or the host) to die, then kill the rest.
+
+    Never returns. It holds no protocol pipe, so the worker's death is end-of-file to
+    the host at once; it reaps every adopted orphan as it goes, so none stays a zombie.
+    """
+    parent = os.getppid()
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    status: int | None = None
+    while status is None and os.getppid() == parent:
+        signal.sigtimedwait({signal.SIGCHLD}, 0.2)
+        while True:
+            try:
+                pid, code = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid == worker:
+                status = code
+    _kill_descendants()
+    if status is None:  # the host died: the worker went with the rest
+        os._exit(1)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            os.kill(os.getpid(), sig)  # exit the way the worker did, for the host's report
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def _become_subreaper() -> None:
@@ -102,10 +168,14 @@ def _become_subreaper() -> None:
 
 
 def main() -> None:
+    if sys.platform != "wasi" and hasattr(os, "fork"):
+        _become_subreaper()
+        worker = os.fork()  # before any thread starts: forking is safe here
+        if worker:
+            _reap(worker)
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":
-        _become_subreaper()
         threading.Thread(
             target=_forward_console, args=(capsule, console_read), daemon=True, name="console"
         ).start()
@@ -115,10 +185,10 @@ def main() -> None:
     if not capsule.load():
         return
     asyncio.run(capsule.serve())
-    # The host closed the pipe: take any processes the tools left behind with us.
+    # The host closed the pipe: take any processes the tools left behind with us (the
+    # reaper, if there is one, also kills whatever outlives us).
     sys.stdout.flush()
-    if os.getpgrp() == os.getpid():
-        _kill_everything()
+    _kill_descendants()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,108 @@
+"""What a subprocess capsule keeps from the host, and what it may leave behind (section C).
+
+C01: the environment is an allow-list; C02/C10: no process a tool starts (even one that
+double-forks and ``setsid()``s away) outlives the capsule when the host closes, a call
+times out or the capsule crashes; C06: the protocol pipes are never inherited.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from host import CapsuleCrashed, Host, ToolTimeout
+
+from .fixtures.e2e.helpers import LAB, alive, capsule_pids, policy, wait_gone
+
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+
+
+# -- the environment (C01) -----------------------------------------------------------------
+
+
+async def test_host_secrets_do_not_reach_the_capsule() -> None:
+    secret = os.environ["CANARY_SECRET"]  # set for every test by conftest
+    async with Host.open(LAB) as host:
+        environ = await host.call("environ")
+        raw = await host.call("proc_environ")
+    assert "CANARY_SECRET" not in environ
+    assert secret not in repr(environ)
+    assert b"CANARY_SECRET" not in raw and secret.encode() not in raw
+
+
+async def test_the_policy_passes_and_sets_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLHOST_E2E_PASSED", "passed-from-host")
+    monkeypatch.setenv("TOOLHOST_E2E_NOT_PASSED", "stays-home")
+    async with Host.open(LAB) as host:
+        environ = await host.call("environ")
+        raw = await host.call("proc_environ")
+    assert environ["TOOLHOST_E2E_PASSED"] == "passed-from-host"
+    assert environ["TOOLHOST_E2E_SET"] == "set-by-policy"
+    assert "TOOLHOST_E2E_NOT_PASSED" not in environ
+    assert b"TOOLHOST_E2E_PASSED=passed-from-host\0" in raw
+
+
+async def test_the_environment_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/opt/secret-tools/bin:" + os.environ.get("PATH", ""))
+    monkeypatch.delenv("TOOLHOST_E2E_PASSED", raising=False)
+    async with Host.open(LAB) as host:
+        environ = await host.call("environ")
+    assert environ["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    allowed = {"PATH", "HOME", "LANG", "TZ", "PYTHONIOENCODING", "TOOLHOST_E2E_SET"}
+    assert set(environ) <= allowed, sorted(set(environ) - allowed)
+
+
+# -- no process left behind (C02, C10, C06) ------------------------------------------------
+
+
+async def _spawn_both(host: Host) -> list[int]:
+    """A plain child and a double-forked, setsid() daemon; both run ``sleep 1000``."""
+    plain = await host.call("spawn_sleep")
+    daemon = await host.call("double_fork")
+    pids = [plain, daemon, *capsule_pids(host)]
+    assert all(alive(p) for p in pids)
+    assert os.getsid(daemon) != os.getsid(plain), "the daemon left the capsule's session"
+    return pids
+
+
+async def test_closing_the_host_kills_every_descendant() -> None:
+    async with Host.open(LAB) as host:
+        pids = await _spawn_both(host)
+    await wait_gone(pids)
+
+
+async def test_closing_a_session_kills_its_descendants() -> None:
+    async with Host.open(LAB) as host:
+        async with host.session() as session:
+            plain = await session.call("spawn_sleep")
+            daemon = await session.call("double_fork")
+        await wait_gone([plain, daemon])
+        assert await host.call("quick") == "quick"
+
+
+async def test_a_timeout_kills_every_descendant() -> None:
+    async with Host.open(LAB, policy=policy("timeout")) as host:
+        pids = await _spawn_both(host)
+        with pytest.raises(ToolTimeout):
+            await host.call("hang")
+        await wait_gone(pids)
+        assert await host.call("quick") == "quick"
+
+
+@pytest.mark.parametrize("crash", ["exit_now", "kill_self"])
+async def test_a_crash_kills_every_descendant(crash: str) -> None:
+    async with Host.open(LAB) as host:
+        pids = await _spawn_both(host)
+        with pytest.raises(CapsuleCrashed):
+            await host.call(crash)
+        await wait_gone(pids)
+        assert await host.call("quick") == "quick"
+
+
+async def test_children_inherit_no_protocol_pipe() -> None:
+    async with Host.open(LAB) as host:
+        child = await host.call("spawn_sleep", keep_fds=True)
+        fds = sorted(int(fd) for fd in os.listdir(f"/proc/{child}/fd"))
+        assert fds == [0, 1, 2], f"the child holds {fds}"
+        assert os.readlink(f"/proc/{child}/fd/0") == "/dev/null"
