@@ -1,0 +1,1 @@
+"""Benchmarks of toolhost, run by hand (``python -m benchmarks.run``), never by pytest."""
