@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import io
 import os
 import signal
 import sys
@@ -42,9 +43,20 @@ def _take_stdio() -> tuple[int, int, int]:
     console_read, console_write = os.pipe()
     os.dup2(console_write, 1)
     os.close(console_write)
-    sys.stdout = open(1, "w", 1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stdout = _unbuffered(1)
+    sys.stderr = _unbuffered(2)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
     return proto_in, proto_out, console_read
+
+
+def _unbuffered(fd: int) -> io.TextIOWrapper:
+    """A text stream that writes straight to ``fd`` (what ``python -u`` does).
+
+    With the usual line buffering, output without a newline (``print(x, end="")``) would
+    wait in the capsule until some later newline, and be lost if the capsule is killed.
+    """
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
 
 
 def _forward_console(capsule: Capsule, fd: int) -> None:

@@ -60,16 +60,31 @@ async def test_a_slow_sync_tool_does_not_stall_a_fast_call() -> None:
         slow_done = anyio.Event()
 
         async def slow() -> None:
-            await host.call("block", 3.0)
+            await host.call("block", 60.0)
             slow_done.set()
 
         tg.start_soon(slow)
         await anyio.sleep(0.3)  # let the blocking call reach its worker thread
         start = time.monotonic()
         assert await host.call("quick") == "quick"
+        assert await host.call("block", 0.01) == 0.01
         assert await host.call("nap", 0.01) == 0.01
-        assert time.monotonic() - start < 2.0
-        assert not slow_done.is_set(), "the slow call should still be running"
+        assert time.monotonic() - start < 10.0
+        assert not slow_done.is_set(), "the slow call is still running"
+        tg.cancel_scope.cancel()
+
+
+async def test_many_calls_in_flight_each_get_their_own_reply() -> None:
+    async with Host.open(LAB) as host:
+        replies: dict[float, float] = {}
+
+        async def one(seconds: float) -> None:
+            replies[seconds] = await host.call("nap", seconds)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20, 0, -1):  # the first sent finishes last
+                tg.start_soon(one, i / 40)
+        assert replies == {i / 40: i / 40 for i in range(1, 21)}
 
 
 # -- results -------------------------------------------------------------------------------
@@ -173,6 +188,19 @@ async def test_every_kind_of_output_becomes_console_events() -> None:
         assert await host.call("bump") == 1, "the protocol channel is intact"
 
 
+async def test_output_without_a_newline_is_not_held_back() -> None:
+    async with Host.open(LAB) as host:
+        recorder = Recorder(host)
+        assert await host.call("partial") == "partial"
+        await wait_until(
+            lambda: (
+                "no newline on stdout" in recorder.console()
+                and "no newline on stderr" in recorder.console()
+            ),
+            what="partial lines",
+        )
+
+
 async def test_stdin_is_empty() -> None:
     async with Host.open(LAB) as host:
         assert await host.call("read_stdin") == ["", b""]
@@ -186,14 +214,14 @@ async def test_a_flood_of_output_is_dropped_and_the_host_stays_small() -> None:
         before = me.memory_info().rss
         start = time.monotonic()
         assert await host.call("flood", 25) == 25  # 25 MB to stdout and 25 MB to stderr
-        elapsed = time.monotonic() - start
         await wait_until(lambda: recorder.of("console_dropped"), what="console_dropped")
         await anyio.sleep(0.5)  # let the stderr drain catch up
+        elapsed = time.monotonic() - start
         grown = me.memory_info().rss - before
         delivered = sum(len(e.data["data"]) for e in recorder.of("console"))
         dropped = max(e.data["dropped_bytes"] for e in recorder.of("console_dropped"))
         # The budget is a 1 MiB burst plus 256 KiB/s: far below the 50 MB written.
-        assert delivered <= 1024 * 1024 + 256 * 1024 * (elapsed + 2) + 65536
+        assert delivered <= 1024 * 1024 + 256 * 1024 * elapsed + 65536
         assert dropped > 10 * 1024 * 1024
         assert grown < 40 * 1024 * 1024, f"host memory grew by {grown / 1e6:.1f} MB"
         assert await host.call("bump") == 1
