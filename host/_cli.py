@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeAlias
 import anyio
 
 from . import errors
+from ._cli_exec import EXEC_COMMANDS
 from ._events import Event
 from ._host import Host
 from ._project import default_project
@@ -180,6 +181,7 @@ def _add_run(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [_add_call, _add_run]
 """Each adds one sub-command; commands of other modules append themselves here."""
+COMMANDS.extend(EXEC_COMMANDS)
 
 
 def _parser() -> argparse.ArgumentParser:
