@@ -237,15 +237,22 @@ class Capsule:
                 self._submit((call_id, target, msg["args"]))
                 return
             assert self._loop is not None
-            task = self._loop.create_task(self._run(call_id, target, msg["args"]))
-            self._tasks[call_id] = task
-            task.add_done_callback(lambda _t, i=call_id: self._tasks.pop(i, None))
+            # The task forgets itself when it ends (see _run): no done callback, which
+            # would cost one more turn of the loop per call after the reply is written.
+            self._tasks[call_id] = self._loop.create_task(self._run(call_id, target, msg["args"]))
         elif kind == K_CANCEL:
-            task = self._tasks.get(msg["id"])
+            call_id = msg["id"]
+            task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()
+                # A task cancelled before its first step never runs _run's cleanup.
+                task.add_done_callback(lambda t, i=call_id: self._forget(i, t))
         else:
             raise BadFrame(f"unknown frame kind {kind!r}")
+
+    def _forget(self, call_id: int, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(call_id) is task:
+            del self._tasks[call_id]
 
     def _submit(self, job: _Job) -> None:
         import threading
@@ -291,24 +298,27 @@ class Capsule:
     async def _run(self, call_id: int, target: _registry.Target, raw_args: bytes) -> None:
         """Run an async tool (or any tool, where there are no threads) on the loop."""
         try:
-            args, kwargs = split_arguments(target.params, decode(raw_args))
-        except Exception as exc:  # a host bug, reported as data
-            self.write(self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}"))
-            return
-        try:
-            result = target.fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            body = self._result_body(call_id, result)
-        except asyncio.CancelledError:
-            return  # the host gave up on this call; it expects no reply
-        except NotPlainData as exc:
-            body = self._error_body(
-                call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path
-            )
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
-            body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
-        self.write(body)
+            try:
+                args, kwargs = split_arguments(target.params, decode(raw_args))
+            except Exception as exc:  # a host bug, reported as data
+                self.write(self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}"))
+                return
+            try:
+                result = target.fn(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                body = self._result_body(call_id, result)
+            except asyncio.CancelledError:
+                return  # the host gave up on this call; it expects no reply
+            except NotPlainData as exc:
+                body = self._error_body(
+                    call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path
+                )
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
+                body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
+            self.write(body)
+        finally:
+            self._tasks.pop(call_id, None)
 
     def _error_body(self, call_id: int, kind: str, message: str, **extra: str) -> bytes:
         error = {"kind": kind, "type": "", "message": message, "traceback": "", "path": ""}
