@@ -75,11 +75,17 @@ SPECS: dict[str, CaseSpec] = {
         CaseSpec("pipe-asyncio", "bare msgpack pipe, asyncio client, minimal child", True, False),
         CaseSpec("capsule", "our capsule (async add), blocking client", False, True),
         CaseSpec("capsule-sync", "our capsule (sync add_sync), blocking client", False, True),
-        CaseSpec("host-twin", "host + in-process twin (no pipe), add, asyncio", False, True),
+        CaseSpec("transport", "the host's capsule transport alone, asyncio", True, True),
+        CaseSpec("transport-trio", "the host's capsule transport alone, trio", True, True),
+        CaseSpec("host-twin", "host + in-process twin, no audit store, add, asyncio", False, True),
         CaseSpec("host", "host + subprocess capsule, add (async), asyncio", True, True),
         CaseSpec("host-sync", "host + subprocess capsule, add_sync (sync), asyncio", True, True),
         CaseSpec("host-trio", "host + subprocess capsule, add (async), trio", True, True),
         CaseSpec("host-trio-sync", "host + subprocess capsule, add_sync (sync), trio", True, True),
+        CaseSpec("host-nostore", "as host, with a store that keeps nothing", True, True),
+        CaseSpec(
+            "host-trio-nostore", "as host-trio, with a state store that keeps nothing", True, True
+        ),
     )
 }
 
@@ -118,13 +124,18 @@ class Worker:
             raise RuntimeError(f"case {self.spec.name} failed: {value}")
         return value
 
-    def latency(self, calls: int) -> tuple[list[int], int, int]:
-        """Nanoseconds per call; CPU nanoseconds of the worker and of its children."""
-        samples, cpu_self, cpu_children = self._ask("latency", calls)
+    def latency(self, calls: int, budget: float) -> tuple[list[int], int, int]:
+        """Up to ``calls`` calls one after the other, stopping once ``budget`` seconds
+        have passed; nanoseconds each, and CPU nanoseconds of the worker and its children.
+        """
+        samples, cpu_self, cpu_children = self._ask("latency", calls, int(budget * 1e9))
         return samples, cpu_self, cpu_children
 
-    def burst(self, calls: int, inflight: int) -> float:
-        return self._ask("burst", calls, inflight)
+    def burst(self, calls: int, inflight: int, budget: float) -> tuple[int, float]:
+        """Up to ``calls`` calls from ``inflight`` concurrent callers, which stop starting
+        new calls once ``budget`` seconds have passed; (calls done, seconds in all)."""
+        done, seconds = self._ask("burst", calls, inflight, int(budget * 1e9))
+        return done, seconds
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, OSError):
@@ -277,16 +288,20 @@ def _capsule_child(project: Path) -> _Child:
             raise RuntimeError(f"the capsule failed to load: {msg!r}")
 
 
-def _blocking_latency(child: _Child, tool: str, calls: int, first_id: int) -> list[int]:
+def _blocking_latency(child: _Child, tool: str, calls: int, budget: int, first: int) -> list[int]:
     clock = time.perf_counter_ns
+    stop = clock() + budget
     out: list[int] = []
-    for call_id in range(first_id, first_id + calls):
+    for call_id in range(first, first + calls):
         t0 = clock()
         child.send(_call_frame(call_id, tool))
         reply = child.receive()
-        out.append(clock() - t0)
+        t1 = clock()
+        out.append(t1 - t0)
         if reply["id"] != call_id or reply["k"] != "ok":
             raise RuntimeError(f"unexpected reply {reply!r}")
+        if t1 >= stop:
+            break
     return out
 
 
@@ -298,9 +313,9 @@ def _serve_blocking(child: _Child, tool: str) -> None:
             command, *args = json.loads(line)
             if command == "latency":
                 cpu = _Cpu()
-                samples = _blocking_latency(child, tool, args[0], calls_made + 1)
+                samples = _blocking_latency(child, tool, args[0], args[1], calls_made + 1)
                 _answer(cpu.stop(samples))
-                calls_made += args[0]
+                calls_made += len(samples)
             else:
                 break
     finally:
@@ -360,44 +375,118 @@ async def _pipe_asyncio(stack: AsyncExitStack) -> Callable[[], Awaitable[Any]]:
     return call
 
 
-async def _host(
-    stack: AsyncExitStack, project: Path, tool: str, twin: bool
-) -> Callable[[], Awaitable[Any]]:
-    """``await host.call(tool, 1, 2)``."""
+class _NoStore:
+    """A state store that keeps nothing: the call path without the audit's disk writes."""
+
+    async def start(self, host_id: str) -> int:
+        return 0
+
+    async def aclose(self) -> None:
+        pass
+
+    async def record(self, record: Any, *, durable: bool) -> None:
+        pass
+
+    async def finish(self, call_id: str, outcome: Any, *, error_kind: Any, error: Any) -> None:
+        pass
+
+    async def tail(self, count: int) -> list[Any]:
+        return []
+
+    async def add_grant(self, grant: Any) -> Any:
+        return grant
+
+    async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Any]:
+        return []
+
+    async def grants(self) -> list[Any]:
+        return []
+
+    async def revoke_grant(self, grant_id: int) -> bool:
+        return False
+
+    async def add_pending(self, pending: Any) -> None:
+        pass
+
+    async def remove_pending(self, pending_id: str) -> None:
+        pass
+
+
+async def _open_host(stack: AsyncExitStack, project: Path, *, twin: bool, store: bool) -> Any:
+    import inspect
+
     from host import Host
     from host.testing import in_process
 
-    opened = Host.open(project, capsule=in_process() if twin else None)
+    options: dict[str, Any] = {}
+    if not store and "store" in inspect.signature(Host.open).parameters:
+        options["store"] = _NoStore()
+    opened = Host.open(project, capsule=in_process() if twin else None, **options)
     host = await stack.enter_async_context(opened)
-    if await host.call(tool, 1, 2) != 3:
+    if await host.call("add", 1, 2) != 3 or await host.call("add_sync", 1, 2) != 3:
         raise RuntimeError("the host gave a wrong answer")
+    return host
+
+
+async def _host(
+    stack: AsyncExitStack, project: Path, tool: str, *, twin: bool, store: bool
+) -> Callable[[], Awaitable[Any]]:
+    """``await host.call(tool, 1, 2)``."""
+    host = await _open_host(stack, project, twin=twin, store=store)
     return lambda: host.call(tool, 1, 2)
 
 
-async def _latency(call: Callable[[], Awaitable[Any]], calls: int) -> list[int]:
+async def _transport(stack: AsyncExitStack, project: Path) -> Callable[[], Awaitable[Any]]:
+    """``transport.call(...)`` on the host's running capsule transport: no mediator."""
+    from capsule.protocol import encode
+
+    host = await _open_host(stack, project, twin=False, store=False)
+    transport: Any = host.default_session.supervisor.transport
+    encoded = encode({"a": 1, "b": 2})
+    ids = 10**9  # clear of the mediator's call ids
+
+    def call() -> Awaitable[Any]:
+        nonlocal ids
+        ids += 1
+        return transport.call(ids, "add", encoded, 60.0)
+
+    return call
+
+
+async def _latency(call: Callable[[], Awaitable[Any]], calls: int, budget: int) -> list[int]:
     clock = time.perf_counter_ns
+    stop = clock() + budget
     out: list[int] = []
     for _ in range(calls):
         t0 = clock()
         await call()
-        out.append(clock() - t0)
+        t1 = clock()
+        out.append(t1 - t0)
+        if t1 >= stop:
+            break
     return out
 
 
-async def _burst(call: Callable[[], Awaitable[Any]], calls: int, inflight: int) -> float:
+async def _burst(
+    call: Callable[[], Awaitable[Any]], calls: int, inflight: int, budget: int
+) -> list[float]:
+    clock = time.perf_counter_ns
+    stop = clock() + budget
     left = calls
+    done = 0
 
     async def caller() -> None:
-        nonlocal left
-        while left > 0:
+        nonlocal left, done
+        while left > 0 and clock() < stop:
             left -= 1
             await call()
+            done += 1
 
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(inflight):
             tg.start_soon(caller)
-    return time.perf_counter() - t0
+    return [done, time.perf_counter() - t0]
 
 
 async def _serve_loop(name: str, project: Path) -> None:
@@ -406,9 +495,13 @@ async def _serve_loop(name: str, project: Path) -> None:
             call: Callable[[], Awaitable[Any]] = lambda: _add(1, 2)  # noqa: E731
         elif name == "pipe-asyncio":
             call = await _pipe_asyncio(stack)
+        elif name.startswith("transport"):
+            call = await _transport(stack, project)
         else:
             tool = "add_sync" if name.endswith("-sync") else "add"
-            call = await _host(stack, project, tool, twin=name == "host-twin")
+            twin = name == "host-twin"
+            store = not (twin or name.endswith("-nostore"))
+            call = await _host(stack, project, tool, twin=twin, store=store)
         _answer(None)
         while True:
             line = await anyio.to_thread.run_sync(sys.stdin.readline)
@@ -416,9 +509,9 @@ async def _serve_loop(name: str, project: Path) -> None:
             args = [int(a) for a in args]
             if command == "latency":
                 cpu = _Cpu()
-                _answer(cpu.stop(await _latency(call, args[0])))
+                _answer(cpu.stop(await _latency(call, args[0], args[1])))
             elif command == "burst":
-                _answer(await _burst(call, args[0], args[1]))
+                _answer(await _burst(call, args[0], args[1], args[2]))
             else:
                 break
     _answer(None)

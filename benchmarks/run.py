@@ -40,7 +40,14 @@ RATIO_TARGET = 3.0
 """The host's median at most this many times the bare pipe's median."""
 THROUGHPUT_TARGET = 20_000.0
 """Calls per second the host sustains with ``--inflight`` calls in flight."""
-HOST_ROWS = ("host", "host-sync", "host-trio", "host-trio-sync")
+HOST_ROWS = (
+    "host",
+    "host-sync",
+    "host-trio",
+    "host-trio-sync",
+    "host-nostore",
+    "host-trio-nostore",
+)
 """The rows the targets apply to; ``host`` (asyncio, async tool) is the headline."""
 
 
@@ -110,7 +117,7 @@ def measure(workers: list[Worker], args: argparse.Namespace) -> dict[str, Stats]
         counted = round_no >= args.warmup
         rng.shuffle(order)
         for worker in order:
-            samples, cpu_client, cpu_server = worker.latency(args.calls)
+            samples, cpu_client, cpu_server = worker.latency(args.calls, args.batch_time)
             if counted:
                 row = stats[_name(worker)]
                 row.samples += samples
@@ -121,9 +128,9 @@ def measure(workers: list[Worker], args: argparse.Namespace) -> dict[str, Stats]
         for worker in order:
             if not worker.spec.concurrent or args.burst <= 0:
                 continue
-            seconds = worker.burst(args.burst, args.inflight)
+            done, seconds = worker.burst(args.burst, args.inflight, args.burst_time)
             if counted:
-                stats[_name(worker)].rates.append(args.burst / seconds)
+                stats[_name(worker)].rates.append(done / seconds)
         if not args.json:
             print(f"\rround {round_no + 1}/{args.warmup + args.rounds}", end="", file=sys.stderr)
     if not args.json:
@@ -171,8 +178,9 @@ def report(result: dict[str, Any]) -> str:
         f"at the start, {m['load_average_end']} at the end",
         f"Python {m['python']}, "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f"; {cfg['rounds']} rounds x {cfg['calls']} sequential calls, bursts of "
-        f"{cfg['burst']} with {cfg['inflight']} in flight",
+        + f"; {cfg['rounds']} rounds of batches of at most {cfg['calls']} sequential calls "
+        f"or {cfg['batch_time'] * 1000:g} ms, bursts of at most {cfg['burst']} calls or "
+        f"{cfg['burst_time'] * 1000:g} ms with {cfg['inflight']} in flight",
         "",
         f"{'case':<19} {'median us':>10} {'p99 us':>9} {'x pipe':>7} {'calls/s':>9} "
         f"{'cpu us':>13}  what",
@@ -205,8 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=30, help="counted rounds (default 30)")
     parser.add_argument("--warmup", type=int, default=2, help="rounds dropped first (default 2)")
-    parser.add_argument("--calls", type=int, default=400, help="sequential calls per round")
-    parser.add_argument("--burst", type=int, default=2000, help="calls per burst (0: none)")
+    parser.add_argument(
+        "--calls", type=int, default=400, help="most sequential calls per batch (default 400)"
+    )
+    parser.add_argument(
+        "--batch-time", type=float, default=0.05, help="most seconds per batch (default 0.05)"
+    )
+    parser.add_argument(
+        "--burst", type=int, default=4000, help="most calls per burst (default 4000; 0: none)"
+    )
+    parser.add_argument(
+        "--burst-time", type=float, default=0.15, help="most seconds per burst (default 0.15)"
+    )
     parser.add_argument("--inflight", type=int, default=64, help="concurrent callers per burst")
     parser.add_argument("--seed", type=int, default=1, help="seed of the shuffled order")
     parser.add_argument(
@@ -242,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "machine": about | {"load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "config": {
-            k: getattr(args, k) for k in ("rounds", "warmup", "calls", "burst", "inflight", "seed")
+            k: getattr(args, k)
+            for k in ("rounds", "warmup", "calls", "batch_time", "burst", "burst_time", "inflight")
         }
         | {"baseline": str(args.baseline) if args.baseline else None},
         "cases": {
