@@ -5,6 +5,11 @@ private and may change.
 """
 
 from . import errors as errors
+from ._approval import Approval as Approval
+from ._approval import ApprovalRequest as ApprovalRequest
+from ._approval import Approver as Approver
+from ._approval import DenyAll as DenyAll
+from ._approval import TerminalApprover as TerminalApprover
 from ._config import Limits as Limits
 from ._config import PolicyConfig as PolicyConfig
 from ._config import load_policy as load_policy
@@ -14,9 +19,16 @@ from ._discovery import discover as discover
 from ._events import Event as Event
 from ._host import Host as Host
 from ._host import Session as Session
+from ._policy import Decision as Decision
+from ._policy import Policy as Policy
+from ._policy import decide as decide
 from ._sandbox import CodeCall as CodeCall
 from ._sandbox import CodeError as CodeError
 from ._sandbox import CodeResult as CodeResult
+from ._store import AuditRecord as AuditRecord
+from ._store import Grant as Grant
+from ._store import SQLiteStore as SQLiteStore
+from ._store import Store as Store
 from .errors import CallError as CallError
 from .errors import CapsuleCrashed as CapsuleCrashed
 from .errors import DeclarationError as DeclarationError
@@ -48,6 +60,19 @@ __all__ = (
     "CodeResult",
     "CodeError",
     "CodeCall",
+    # policy, approvals, state
+    "Policy",
+    "Decision",
+    "decide",
+    "Approval",
+    "ApprovalRequest",
+    "Approver",
+    "DenyAll",
+    "TerminalApprover",
+    "Store",
+    "SQLiteStore",
+    "AuditRecord",
+    "Grant",
     # errors
     "errors",
     "HostError",

@@ -18,17 +18,20 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ._approval import Approver, default_approver
 from ._config import Limits, PolicyConfig, load_policy
 from ._discovery import Discovery, ToolSpec, discover
 from ._events import EventBus
 from ._mediator import Caller, Mediator
+from ._policy import Policy, PolicySource
 from ._process import minimal_env
 from ._project import Project, resolve_project
 from ._sandbox import CodeResult, CodeSandbox
+from ._store import SQLiteStore, Store, StoreUnavailable
 from ._subprocess import start_subprocess
 from ._supervisor import Supervisor
 from ._transport import TransportFactory
-from .errors import HostError
+from .errors import HostError, PolicyFileError
 
 __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
 
@@ -174,12 +177,35 @@ class Host:
         config: PolicyConfig,
         factory: TransportFactory,
         task_group: anyio.abc.TaskGroup,
+        *,
+        store: Store,
+        approver: Approver,
+        watch_policy: bool = True,
     ) -> None:
         self.project = project
         self.discovery = discovery
         self.config = config
         self.events = EventBus()
-        self.mediator = Mediator(discovery, config)
+        self.host_id = uuid.uuid4().hex[:12]
+        """This host's id in the audit trail (each call id starts with it)."""
+        self.store = store
+        """The state database: audit trail, grants, pending approvals."""
+        self.policy = PolicySource(
+            config,
+            files=(lambda: project.policy_files) if watch_policy else None,
+            root=project.root,
+            on_change=self._policy_changed,
+        )
+        """The policy in force; editing a policy file swaps it for the next calls."""
+        self.mediator = Mediator(
+            discovery,
+            config,
+            policy=self.policy,
+            store=store,
+            approver=approver,
+            events=self.events,
+            host_id=self.host_id,
+        )
         self._factory = factory
         self._tg = task_group
         self._sessions: set[Session] = set()
@@ -198,6 +224,8 @@ class Host:
         policy: PolicyConfig | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         capsule: TransportFactory | None = None,
+        approver: Approver | None = None,
+        store: Store | None = None,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
 
@@ -207,6 +235,12 @@ class Host:
             limits: overrides for ``[limits]`` (a ``Limits`` or a mapping of its fields).
             capsule: a transport factory (default: subprocess capsules); see
                 ``host.testing.in_process`` for the in-process twin.
+            approver: who answers escalations: an async callable
+                ``(ApprovalRequest) -> Approval | bool`` or an object with such a
+                ``decide`` method (default: the terminal approver when stdin is a
+                terminal, else deny-all).
+            store: the state database (default: ``SQLiteStore`` at
+                ``PROJECT/.agent/state.db``); the host opens and closes it.
 
         Raises:
             DeclarationError: a tool file cannot be read or its names clash.
@@ -214,7 +248,9 @@ class Host:
         """
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
-        config = policy if policy is not None else load_policy(resolved.policy_files)
+        config = (
+            policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
+        )
         if limits is not None:
             merged = config.limits.model_dump() | (
                 limits.model_dump(exclude_unset=True)
@@ -224,17 +260,42 @@ class Host:
             config = config.model_copy(update={"limits": Limits.model_validate(merged)})
         try:
             async with anyio.create_task_group() as tg:
-                host = cls(resolved, discovery, config, capsule or start_subprocess, tg)
+                host = cls(
+                    resolved,
+                    discovery,
+                    config,
+                    capsule or start_subprocess,
+                    tg,
+                    store=store or SQLiteStore(resolved.state_dir / "state.db"),
+                    approver=approver if approver is not None else default_approver(),
+                    watch_policy=policy is None,
+                )
+                await host._open_store()
                 try:
                     host._default = await host._open_session()
                     yield host
                 finally:
                     with anyio.CancelScope(shield=True):
                         await host._close()
+                        await host.store.aclose()
                     tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # The background tasks never raise: a group holds the caller's own exception.
             raise _single(group) from None
+
+    async def _open_store(self) -> None:
+        try:
+            closed = await self.store.start(self.host_id)
+        except StoreUnavailable as exc:
+            raise HostError(f"the host cannot start: {exc}") from None
+        if closed:
+            self.events.emit("audit_reconciled", None, closed_as_unknown=closed)
+
+    def _policy_changed(self, change: Policy | PolicyFileError) -> None:
+        if isinstance(change, PolicyFileError):
+            self.events.emit("policy_reload_failed", None, error=str(change))
+        else:
+            self.events.emit("policy_reloaded", None, policy_version=change.version)
 
     def _env(self) -> dict[str, str]:
         env_config = self.config.env
@@ -307,6 +368,7 @@ class Host:
             yield session
         finally:
             self._sessions.discard(session)
+            self.mediator.forget_session(session.id)
             with anyio.CancelScope(shield=True):
                 await session.code.aclose()
                 await session.supervisor.aclose()

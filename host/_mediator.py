@@ -1,47 +1,77 @@
-"""The gate every call passes: bind -> decide -> dispatch (DESIGN.md section 3).
+"""The gate every call passes (DESIGN.md section 3).
+
+bind -> validate -> decide -> escalate -> audit -> dispatch -> audit the outcome.
 
 The mediator resolves the tool name exactly (never fuzzily), binds and checks the
-arguments against the signature, freezes them as canonical bytes, asks the policy for a
-decision, and only then dispatches those same bytes to the session's capsule. A denied
-call never reaches a capsule.
+arguments against the signature, freezes them as canonical bytes, asks the policy in
+force for a decision (one version per call), takes the call's place in its quotas,
+escalates to the approver if policy says so, writes the decision to the audit trail
+durably, and only then dispatches those same bytes to the session's capsule; the outcome
+is audited after. A call refused anywhere before dispatch never reaches a capsule and
+gets one terminal audit record. If the audit cannot be written, the call is refused
+(fail closed).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from hashlib import sha256
+from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from ._approval import Approver, Escalation, Escalations, Ticket
 from ._binding import BoundCall, bind
-from ._config import PolicyConfig
+from ._config import Caller, PolicyConfig
 from ._discovery import Discovery, ToolSpec
-from .errors import InvalidArguments, NotApproved, PolicyDenied, UnknownTool
+from ._display import Redactor, escape_text, summarize_arguments
+from ._events import EventBus
+from ._policy import Decision, Policy, PolicySource, policy_arguments
+from ._quotas import Quotas, Reservation
+from ._store import AuditRecord, Outcome, Store, StoreUnavailable
+from .errors import (
+    CallError,
+    HostError,
+    InvalidArguments,
+    NotApproved,
+    PolicyDenied,
+    UnknownTool,
+)
 
 if TYPE_CHECKING:
     from ._supervisor import Supervisor
 
 __all__ = ["Caller", "Decision", "Mediator"]
 
-Caller = Literal["agent", "script", "app", "tool"]
+_ERROR_TEXT = 500
+"""Characters of an error message kept in the audit (after redaction)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What policy decided about one call, and which rule decided it."""
-
-    decision: Literal["allow", "deny", "escalate"]
-    rule: str
-    reason: str | None = None
-
-
-_ALLOW_ALL = Decision("allow", "builtin:allow-all", "rule evaluation is not enabled yet")
+def _shown_name(name: object) -> str:
+    """A requested tool name as the audit may store it: escaped and bounded."""
+    if type(name) is not str:
+        return f"<{type(name).__name__}>"
+    return escape_text(name[:200]) + ("…" if len(name) > 200 else "")
 
 
 class Mediator:
     """Resolves, binds, decides and dispatches calls for every session of a host."""
 
-    def __init__(self, discovery: Discovery, config: PolicyConfig) -> None:
+    def __init__(
+        self,
+        discovery: Discovery,
+        config: PolicyConfig,
+        *,
+        policy: PolicySource,
+        store: Store,
+        approver: Approver,
+        events: EventBus,
+        host_id: str,
+    ) -> None:
         self._discovery = discovery
         self._config = config
         self._ids = itertools.count(1)
@@ -50,10 +80,31 @@ class Mediator:
             names[spec.name] = spec
             names[spec.qualified] = spec
         self._names = names
+        self.policy = policy
+        """The policy in force (re-read when its files change)."""
+        self.store = store
+        self.events = events
+        self.host_id = host_id
+        self.quotas = Quotas()
+        self.escalations = Escalations(approver, store, events, host_id)
+        env = config.env
+        self._redactor = Redactor(
+            {
+                name: value
+                for name in env.secret
+                if (value := env.set.get(name, os.environ.get(name, "")))
+            }
+        )
 
     @property
     def config(self) -> PolicyConfig:
+        """The policy the host started with (``[limits]``, ``[env]``, ``[capsules]``)."""
         return self._config
+
+    def forget_session(self, session: str) -> None:
+        """Drop a closed session's quotas and remembered answers."""
+        self.quotas.forget_session(session)
+        self.escalations.forget_session(session)
 
     def lookup(self, name: str) -> ToolSpec:
         """The tool with exactly this name (or ``tools.FILE.EXPORT`` path)."""
@@ -73,10 +124,10 @@ class Mediator:
             )
         return bound
 
-    def decide(self, spec: ToolSpec, bound: BoundCall, caller: Caller, session: str) -> Decision:
-        """The policy decision for one bound call (every call is allowed for now)."""
-        del spec, bound, caller, session
-        return _ALLOW_ALL
+    def decide(self, spec: ToolSpec, bound: BoundCall, caller: Caller, policy: Policy) -> Decision:
+        """The policy decision for one bound call (pure: see ``host.decide``)."""
+        arguments, unknown = policy_arguments(spec, bound)
+        return policy.decide(spec.name, arguments, caller, unknown=unknown)
 
     async def call(
         self,
@@ -88,12 +139,160 @@ class Mediator:
         caller: Caller,
     ) -> Any:
         """One mediated call, from name to value."""
-        spec = self.lookup(name)
-        bound = self.bind(spec, args, kwargs)
-        decision = self.decide(spec, bound, caller, session)
-        if decision.decision == "deny":
-            raise PolicyDenied(spec.name, rule=decision.rule, reason=decision.reason)
-        if decision.decision == "escalate":
-            raise NotApproved(spec.name, reason="no approver is configured", rule=decision.rule)
-        call_id = next(self._ids)
-        return await supervisor.call(call_id, spec, bound, self._config.limits.call_timeout)
+        number = next(self._ids)
+        record = AuditRecord(
+            call_id=f"{self.host_id}.{number}",
+            host_id=self.host_id,
+            started=time.time(),
+            session=session,
+            caller=caller,
+            tool=_shown_name(name),
+            outcome="started",
+        )
+        try:
+            policy = self.policy.current()  # one version for the whole call
+            record = replace(record, policy_version=policy.version)
+            spec = self.lookup(name)
+            record = replace(record, tool=spec.name)
+            bound = self.bind(spec, args, kwargs)
+        except HostError as exc:  # unknown tool, invalid or huge arguments, broken policy
+            await self._refused(record, exc)
+            raise
+        digest = sha256(bound.encoded).hexdigest()
+        decision = self.decide(spec, bound, caller, policy)
+        record = replace(
+            record,
+            decision=decision.decision,
+            rule=decision.rule,
+            args_sha256=digest,
+            args_size=len(bound.encoded),
+            args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
+        )
+        self.events.emit(
+            "policy_decision",
+            session,
+            call_id=record.call_id,
+            tool=spec.name,
+            caller=caller,
+            decision=decision.decision,
+            rule=decision.rule,
+            policy_version=policy.version,
+        )
+        ticket = await self._admit(record, decision, policy, bound)
+        try:
+            if ticket is not None:  # the approval is spent here, on exactly these bytes
+                ticket.redeem(record.call_id, session, spec.name, bound.encoded)
+            value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
+        except BaseException as exc:
+            await self._finish(record, exc)
+            raise
+        await self._finish(record, None)
+        return value
+
+    async def _admit(
+        self, record: AuditRecord, decision: Decision, policy: Policy, bound: BoundCall
+    ) -> Ticket | None:
+        """Deny, or reserve quota, escalate and audit the decision before dispatch."""
+        tool = record.tool
+        reservation: Reservation | None = None
+        ticket: Ticket | None = None
+        try:
+            if decision.decision == "deny":
+                raise PolicyDenied(tool, rule=decision.rule, reason=decision.reason)
+            reservation = self.quotas.reserve(policy, tool, record.session)
+            if decision.decision == "escalate":
+                ticket = await self.escalations.resolve(
+                    Escalation(
+                        call_id=record.call_id,
+                        session=record.session,
+                        caller=record.caller,  # pyright: ignore[reportArgumentType]
+                        tool=tool,
+                        bound=bound,
+                        args_sha256=record.args_sha256 or "",
+                        rule=decision.rule,
+                        reason=decision.reason,
+                        policy_version=policy.version,
+                        timeout=policy.escalation_timeout,
+                        max_pending=self._config.limits.max_pending_approvals,
+                        redactor=self._redactor,
+                    )
+                )
+                record = replace(record, approval=ticket.how)
+            await self.store.record(record, durable=True)
+        except StoreUnavailable as exc:
+            if reservation is not None:
+                reservation.release()
+            self.events.emit("audit_unavailable", record.session, reason=str(exc))
+            raise PolicyDenied(
+                tool,
+                rule="audit_unavailable",
+                reason="the audit trail cannot be written, so nothing runs",
+            ) from None
+        except BaseException as exc:
+            if reservation is not None:
+                reservation.release()
+            await self._refused(record, exc)
+            raise
+        return ticket
+
+    def _error_text(self, exc: BaseException) -> str:
+        text = self._redactor.text(str(exc))
+        return text if len(text) <= _ERROR_TEXT else text[: _ERROR_TEXT - 1] + "…"
+
+    async def _refused(self, record: AuditRecord, exc: BaseException) -> None:
+        """One terminal record for a call that never reached a capsule."""
+        if isinstance(exc, HostError):
+            kind, text = exc.kind, self._error_text(exc)
+            self.events.emit(
+                "policy_denied",
+                record.session,
+                call_id=record.call_id,
+                tool=record.tool,
+                error=kind,
+                rule=getattr(exc, "rule", None),
+            )
+        else:
+            kind, text = "cancelled", None
+        approval = exc.reason if isinstance(exc, NotApproved) else record.approval
+        done = replace(
+            record,
+            outcome="denied",
+            ended=time.time(),
+            error_kind=kind,
+            error=text,
+            approval=approval,
+        )
+        await self._write(done, None)
+
+    async def _finish(self, record: AuditRecord, exc: BaseException | None) -> None:
+        """Close the call's record with its outcome."""
+        outcome: Outcome
+        if exc is None:
+            outcome = "ok"
+        elif isinstance(exc, CallError) and exc.kind in ("not_approved", "policy_denied"):
+            outcome = "denied"  # the approval did not fit the call: nothing ran
+        elif isinstance(exc, CallError) and not getattr(exc, "may_have_executed", False):
+            outcome = "failed"
+        else:
+            outcome = "unknown"  # timed out, crashed in flight, or cancelled while running
+        kind = None if exc is None else exc.kind if isinstance(exc, HostError) else "cancelled"
+        text = None if exc is None or not isinstance(exc, HostError) else self._error_text(exc)
+        await self._write(record, (outcome, kind, text))
+
+    async def _write(
+        self, record: AuditRecord, outcome: tuple[Outcome, str | None, str | None] | None
+    ) -> None:
+        """Best effort for records after the fact; a failure is an event (and the open
+        record, if any, is closed as ``unknown`` by the next host)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            try:
+                if outcome is None:
+                    await self.store.record(record, durable=False)
+                else:
+                    await self.store.finish(
+                        record.call_id, outcome[0], error_kind=outcome[1], error=outcome[2]
+                    )
+            except StoreUnavailable as exc:
+                self.events.emit(
+                    "audit_unavailable", record.session, call_id=record.call_id, reason=str(exc)
+                )

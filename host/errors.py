@@ -172,15 +172,25 @@ class PolicyDenied(CallError):
 
 
 class NotApproved(CallError):
-    """A person denied the call, or nobody answered in time. The call did not run."""
+    """A person denied the call, or nobody answered in time. The call did not run.
 
-    def __init__(self, tool: str, *, reason: str, rule: str | None = None) -> None:
-        super().__init__(f"{tool} was not approved ({reason}); the call did not run", tool=tool)
+    ``reason`` is one of ``denied`` (a person, or a remembered decision, said no),
+    ``timeout`` (nobody answered by the escalation timeout), ``approver_failed`` (the
+    approver raised or answered with something else than an approval) and ``mismatch``
+    (the answer was given for another request); ``detail`` says more.
+    """
+
+    def __init__(
+        self, tool: str, *, reason: str, rule: str | None = None, detail: str | None = None
+    ) -> None:
+        why = f"{reason}: {detail}" if detail else reason
+        super().__init__(f"{tool} was not approved ({why}); the call did not run", tool=tool)
         self.reason = reason
         self.rule = rule
+        self.detail = detail
 
     def _fields(self) -> dict[str, Any]:
-        return {"tool": self.tool, "reason": self.reason, "rule": self.rule}
+        return {"tool": self.tool, "reason": self.reason, "rule": self.rule, "detail": self.detail}
 
 
 class ToolTimeout(CallError):

@@ -1,0 +1,346 @@
+"""Showing arguments to people safely: approval prompts, audit summaries, the CLI.
+
+What a person sees must be what the capsule will run, and nothing in it may hide or
+rewrite the screen (SECURITY_CATALOGUE.md E01-E04, I09):
+
+* control characters (``\\x1b``, bare ``\\r``, NUL, C1), invisible and bidirectional
+  format characters (U+200B, U+202E, U+2066-2069, tags, variation selectors, odd
+  spaces) are shown as visible escapes, ``\\u{202E}``, and raise a warning;
+* runs of padding are collapsed to a count (``⟨5000 x SP⟩``, shown with a times sign);
+  long values are shown by length, head and tail, so nothing can be pushed off screen;
+* strings mixing scripts (``apple`` spelt with a Cyrillic ``a``, U+0430) and URLs with
+  non-ASCII hosts (shown in punycode) raise a warning;
+* the values of secrets (``[env] secret``) are replaced by ``⟨secret NAME⟩``; the
+  brackets are escaped wherever a value itself contains them, so no marker is forged.
+
+Rendering time and size are bounded whatever the input: containers are cut after a few
+items and a few levels, long strings are only scanned by regular expressions.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+__all__ = ["Rendered", "Redactor", "render_arguments", "summarize_arguments", "escape_text"]
+
+_BIDI: Final = frozenset([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+_INVISIBLE_LETTERS: Final = frozenset([0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x180E])
+_SUSPICIOUS: Final = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00a0\u00ad\u034f\u061c\u115f\u1160\u1680\u180e"
+    "\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f\ufeff"
+    "\uffa0\ufff9-\ufffb\U000e0000-\U000e007f\U000e0100-\U000e01ef]"
+)
+"""Characters worth a warning anywhere in a value (scanned over the whole string)."""
+_RUN: Final = re.compile(r" {8,}|\t{4,}")
+_PADDING: Final = re.compile(r"[ \t]{64,}")
+_URL_HOST: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://(?:[^/@\s]*@)?([^/:?#\s]+)")
+_TIMES: Final = "\u00d7"
+
+
+def _char_escape(ch: str) -> str | None:
+    """The visible escape for one character, or None when it may be shown as is."""
+    code = ord(ch)
+    if ch == "\\":
+        return "\\\\"
+    if ch == '"':
+        return '\\"'
+    if ch == "\n":
+        return "\\n"
+    if ch == "\t":
+        return "\\t"
+    if ch == "\r":
+        return "\\r"
+    if code < 0x20 or 0x7F <= code < 0xA0:
+        return f"\\x{code:02x}"
+    if code < 0x80:
+        return None
+    if ch in "⟨⟩":  # our own markers: a value can never forge one
+        return f"\\u{{{code:04X}}}"
+    category = unicodedata.category(ch)
+    if (
+        category in ("Cf", "Cc", "Co", "Cn", "Cs", "Zl", "Zp", "Zs")
+        or code in _INVISIBLE_LETTERS
+        or 0xFE00 <= code <= 0xFE0F
+        or 0xE0100 <= code <= 0xE01EF
+        or code == 0x034F
+    ):
+        return f"\\u{{{code:04X}}}"
+    return None
+
+
+def _warn_chars(text: str, warnings: set[str]) -> None:
+    for match in _SUSPICIOUS.finditer(text):
+        code = ord(match.group())
+        if code in _BIDI:
+            warnings.add("bidirectional control characters")
+        elif code < 0x20 or 0x7F <= code < 0xA0:
+            warnings.add("control characters (terminal escapes, carriage returns, NUL)")
+        else:
+            warnings.add("invisible or look-alike space characters")
+    if _PADDING.search(text):
+        warnings.add("long runs of spaces or tabs (padding that may push text out of view)")
+    if not text.isascii():
+        for ch in text[:4096]:
+            code = ord(ch)
+            if code >= 0x80 and code not in _BIDI and unicodedata.category(ch) in ("Co", "Cn"):
+                warnings.add("invisible or look-alike space characters")
+                break
+
+
+def _scripts(text: str) -> set[str]:
+    scripts: set[str] = set()
+    for ch in text[:4096]:
+        if ch.isalpha():
+            if ch.isascii():
+                scripts.add("LATIN")
+            else:
+                name = unicodedata.name(ch, "")
+                if name:
+                    scripts.add(name.split(" ", 1)[0])
+    return scripts
+
+
+def _warn_lookalikes(text: str, warnings: set[str]) -> None:
+    if text.isascii():
+        return
+    scripts = _scripts(text)
+    if len(scripts) > 1 and "LATIN" in scripts:
+        warnings.add(f"mixed scripts ({', '.join(sorted(scripts))}): look-alike letters?")
+    match = _URL_HOST.match(text)
+    if match and not match.group(1).isascii():
+        host = match.group(1)
+        try:
+            puny = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            puny = "(not a valid international name)"
+        warnings.add(f"a URL host with non-ASCII letters: {escape_text(host)} is {puny}")
+
+
+def _escape_plain(text: str) -> str:
+    return "".join(e if (e := _char_escape(ch)) is not None else ch for ch in text)
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every character that could hide or rewrite something escaped."""
+    out: list[str] = []
+    last = 0
+    for run in _RUN.finditer(text):
+        out.append(_escape_plain(text[last : run.start()]))
+        name = "SP" if run.group()[0] == " " else "TAB"
+        out.append(f"⟨{len(run.group())}{_TIMES}{name}⟩")
+        last = run.end()
+    out.append(_escape_plain(text[last:]))
+    return "".join(out)
+
+
+# -- secrets ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Secret:
+    name: str
+
+    @property
+    def marker(self) -> str:
+        return f"⟨secret {self.name}⟩"
+
+
+_Piece = str | _Secret
+
+
+class Redactor:
+    """Finds the values of secrets so they are shown as ``⟨secret NAME⟩``, never as is."""
+
+    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+        # Longest first, so a secret containing another is replaced whole.
+        items = [(name, value) for name, value in (secrets or {}).items() if value]
+        self._secrets = sorted(items, key=lambda item: -len(item[1]))
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def __repr__(self) -> str:  # names only, never values
+        return f"<Redactor {[name for name, _ in self._secrets]}>"
+
+    def pieces(self, text: str) -> list[_Piece]:
+        """``text`` split into plain runs and secrets."""
+        pieces: list[_Piece] = [text]
+        for name, value in self._secrets:
+            out: list[_Piece] = []
+            for piece in pieces:
+                if isinstance(piece, _Secret) or value not in piece:
+                    out.append(piece)
+                    continue
+                for i, part in enumerate(piece.split(value)):
+                    if i:
+                        out.append(_Secret(name))
+                    if part:
+                        out.append(part)
+            pieces = out
+        return pieces
+
+    def text(self, text: str) -> str:
+        """``text`` with secrets replaced (for plain text such as error messages)."""
+        return "".join(p.marker if isinstance(p, _Secret) else p for p in self.pieces(text))
+
+    def data(self, data: bytes, found: set[str] | None = None) -> bytes:
+        for name, value in self._secrets:
+            raw = value.encode()
+            if raw in data:
+                data = data.replace(raw, f"⟨secret {name}⟩".encode())
+                if found is not None:
+                    found.add(name)
+        return data
+
+
+def _length(pieces: list[_Piece]) -> int:
+    return sum(len(p.marker) if isinstance(p, _Secret) else len(p) for p in pieces)
+
+
+def _take(pieces: list[_Piece], count: int) -> list[_Piece]:
+    """The first ``count`` characters of ``pieces``; a secret is taken whole or not at all."""
+    out: list[_Piece] = []
+    for piece in pieces:
+        if count <= 0:
+            break
+        if isinstance(piece, _Secret):
+            out.append(piece)
+            count -= len(piece.marker)
+        else:
+            out.append(piece[:count])
+            count -= len(piece)
+    return out
+
+
+def _take_last(pieces: list[_Piece], count: int) -> list[_Piece]:
+    backwards = [p if isinstance(p, _Secret) else p[::-1] for p in reversed(pieces)]
+    return [p if isinstance(p, _Secret) else p[::-1] for p in reversed(_take(backwards, count))]
+
+
+def _show(pieces: list[_Piece]) -> str:
+    return "".join(p.marker if isinstance(p, _Secret) else escape_text(p) for p in pieces)
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Arguments as text for people, and what about them deserves a warning."""
+
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+class _Renderer:
+    def __init__(self, redactor: Redactor, max_str: int, max_items: int, max_depth: int) -> None:
+        self.redactor = redactor
+        self.max_str = max_str
+        self.max_items = max_items
+        self.max_depth = max_depth
+        self.warnings: set[str] = set()
+        self.secrets: set[str] = set()
+
+    def string(self, value: str) -> str:
+        _warn_chars(value, self.warnings)
+        pieces = self.redactor.pieces(value)
+        self.secrets.update(p.name for p in pieces if isinstance(p, _Secret))
+        total = _length(pieces)
+        if total <= self.max_str:
+            for piece in pieces:
+                if isinstance(piece, str):
+                    _warn_lookalikes(piece, self.warnings)
+            return f'"{_show(pieces)}"'
+        head = _take(pieces, self.max_str * 2 // 3)
+        tail = _take_last(pieces, self.max_str // 3)
+        for piece in (*head, *tail):
+            if isinstance(piece, str):
+                _warn_lookalikes(piece, self.warnings)
+        hidden = total - _length(head) - _length(tail)
+        self.warnings.add("a long value is shown in part: ask for the full view if in doubt")
+        return (
+            f'⟨str, {len(value):,} chars⟩ "{_show(head)}" '
+            f'⟨… {hidden:,} chars not shown …⟩ "{_show(tail)}"'
+        )
+
+    def bytes_(self, value: bytes) -> str:
+        value = self.redactor.data(value, self.secrets)
+        if len(value) <= self.max_str:
+            return f'b"{_escape_bytes(value)}"'
+        head, tail = value[: self.max_str * 2 // 3], value[-(self.max_str // 3) :]
+        return (
+            f'⟨bytes, {len(value):,} bytes⟩ b"{_escape_bytes(head)}" '
+            f"⟨… {len(value) - len(head) - len(tail):,} bytes not shown …⟩ "
+            f'b"{_escape_bytes(tail)}"'
+        )
+
+    def value(self, value: Any, depth: int = 0) -> str:
+        if value is None or type(value) in (bool, int, float):
+            return repr(value)
+        if type(value) is str:
+            return self.string(value)
+        if type(value) is bytes:
+            return self.bytes_(value)
+        if type(value) is list:
+            items = cast("list[Any]", value)
+            if depth >= self.max_depth:
+                return f"⟨list of {len(items):,} items⟩"
+            shown = [self.value(v, depth + 1) for v in items[: self.max_items]]
+            if len(items) > self.max_items:
+                shown.append(f"⟨… {len(items) - self.max_items:,} more items⟩")
+            return "[" + ", ".join(shown) + "]"
+        if type(value) is dict:
+            table = cast("dict[str, Any]", value)
+            if depth >= self.max_depth:
+                return f"⟨dict of {len(table):,} keys⟩"
+            shown = [
+                f"{self.string(str(k))}: {self.value(v, depth + 1)}"
+                for k, v in list(table.items())[: self.max_items]
+            ]
+            if len(table) > self.max_items:
+                shown.append(f"⟨… {len(table) - self.max_items:,} more keys⟩")
+            return "{" + ", ".join(shown) + "}"
+        return f"⟨{escape_text(type(value).__name__)}⟩"  # not plain data: never bound
+
+
+def _escape_bytes(data: bytes) -> str:
+    out: list[str] = []
+    for byte in data:
+        if byte == 0x5C:
+            out.append("\\\\")
+        elif byte == 0x22:
+            out.append('\\"')
+        elif 0x20 <= byte < 0x7F:
+            out.append(chr(byte))
+        else:
+            out.append(f"\\x{byte:02x}")
+    return "".join(out)
+
+
+def render_arguments(
+    arguments: Mapping[str, Any],
+    *,
+    redactor: Redactor | None = None,
+    max_str: int = 300,
+    max_items: int = 20,
+    max_depth: int = 6,
+) -> Rendered:
+    """One ``name = value`` line per bound argument, escaped, bounded and redacted."""
+    renderer = _Renderer(redactor or Redactor(), max_str, max_items, max_depth)
+    lines = [f"{escape_text(name)} = {renderer.value(value)}" for name, value in arguments.items()]
+    warnings = sorted(renderer.warnings)
+    warnings.extend(f"contains the value of the secret {name}" for name in sorted(renderer.secrets))
+    return Rendered("\n".join(lines) or "(no arguments)", tuple(warnings))
+
+
+def summarize_arguments(
+    arguments: Mapping[str, Any], *, redactor: Redactor | None = None, limit: int = 512
+) -> str:
+    """A one-line, redacted summary for the audit: short previews, at most ``limit`` chars."""
+    renderer = _Renderer(redactor or Redactor(), 40, 4, 2)
+    text = ", ".join(f"{escape_text(k)}={renderer.value(v)}" for k, v in arguments.items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

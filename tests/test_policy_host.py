@@ -1,0 +1,355 @@
+"""Policy enforced by a running host: bad input, callers, quotas and live reload.
+
+Each refusal is a typed error, is audited, and runs nothing: the desk's marker file (see
+``test_approval``) is the canary.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from host import (
+    Event,
+    InvalidArguments,
+    LimitExceeded,
+    NotApproved,
+    PolicyDenied,
+    PolicyFileError,
+    UnknownTool,
+)
+
+from .test_approval import DESK_POLICY, Desk, Gate, Recorder, wait_for
+from .test_approval import desk as desk  # the fixture
+
+pytestmark = pytest.mark.anyio
+
+CALLERS = ("agent", "script", "app", "tool")
+
+
+def policy(body: str, **defaults: str) -> str:
+    head = "version = 1\n[defaults]\n" + "".join(f'{k} = "{v}"\n' for k, v in defaults.items())
+    return head + textwrap.dedent(body) + '\n[env]\npass = ["DESK_MARKER"]\n'
+
+
+# -- a policy that denies everything -------------------------------------------------------
+
+
+async def test_a_deny_everything_policy(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy('[[rules]]\nid = "nothing"\ntools = ["**"]\ndecision = "deny"\n'))
+    approver = Recorder(True)
+    async with d.open(approver) as host:
+        for caller in CALLERS:
+            for name in ("launch", "read", "record"):
+                args = ([1], {}) if name == "record" else ()
+                with pytest.raises(PolicyDenied) as info:
+                    await host.default_session.call_as(caller, name, args, {})  # type: ignore[arg-type]
+                assert info.value.rule == "nothing"
+        records = await host.store.tail(100)
+    assert len(records) == 12
+    assert {(r.outcome, r.decision, r.rule) for r in records} == {("denied", "deny", "nothing")}
+    assert {r.caller for r in records} == set(CALLERS)
+    assert approver.requests == [] and d.ran() == []
+
+
+# -- unknown tool names: exact match only --------------------------------------------------
+
+LOOKALIKES = [
+    "launch ",  # trailing space
+    " launch",
+    "Launch",
+    "l\u0430unch",  # Cyrillic a
+    "\uff4caunch",  # fullwidth l
+    "launch\u200b",  # zero-width space
+    "launc",
+    "launch.",
+    "tools.desk.launch ",
+    "",
+]
+
+
+@pytest.mark.parametrize("name", LOOKALIKES, ids=ascii)
+async def test_unknown_names_are_never_matched_fuzzily(
+    desk: Callable[..., Desk], name: str
+) -> None:
+    d = desk(policy=policy("", app="allow"))
+    approver = Recorder(True)
+    async with d.open(approver) as host:
+        with pytest.raises(UnknownTool) as info:
+            await host.call(name, "mars")
+        assert info.value.name == name
+        (record,) = await host.store.tail(1)
+        assert (record.outcome, record.error_kind, record.decision) == (
+            "denied",
+            "unknown_tool",
+            None,
+        )
+        assert await host.call("tools.desk.launch", "ok") == "launched ok"  # the real name
+    assert d.ran() == [{"launch": "ok"}]
+
+
+# -- invalid and huge arguments: refused before policy and approval ------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), {"target": "a", "extra": 1}),
+        (("a", "b"), {}),
+        ((object(),), {}),
+        (({1, 2},), {}),
+        ((), {"target": 2**70}),
+    ],
+    ids=["extra keyword", "too many", "object", "set", "huge int"],
+)
+async def test_invalid_arguments_come_before_policy(
+    desk: Callable[..., Desk], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    d = desk()  # launch escalates
+    approver = Recorder(True)
+    decisions: list[Event] = []
+    async with d.open(approver) as host:
+        host.on("policy_decision", decisions.append)
+        with pytest.raises(InvalidArguments):
+            await host.call("launch", *args, **kwargs)
+        (record,) = await host.store.tail(1)
+    assert (record.outcome, record.error_kind, record.decision) == (
+        "denied",
+        "invalid_arguments",
+        None,
+    )
+    assert approver.requests == [] and decisions == [] and d.ran() == []
+
+
+async def test_huge_arguments_never_reach_the_approver(desk: Callable[..., Desk]) -> None:
+    d = desk()
+    approver = Recorder(True)
+    async with d.open(approver, limits={"max_argument_size": 4096}) as host:
+        with pytest.raises(InvalidArguments, match="max_argument_size"):
+            await host.call("launch", "x" * 10_000)
+        (record,) = await host.store.tail(1)
+        assert record.error_kind == "invalid_arguments" and record.args_summary is None
+        assert await host.call("launch", "x" * 100) == "launched " + "x" * 100
+    assert len(approver.requests) == 1 and len(approver.requests[0].arguments["target"]) == 100
+
+
+# -- callers are distinct ------------------------------------------------------------------
+
+
+async def test_each_caller_has_its_own_default(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy("", agent="deny", script="allow", app="escalate", tool="deny"))
+    approver = Recorder(True)
+    async with d.open(approver) as host:
+        session = host.default_session
+        with pytest.raises(PolicyDenied) as info:
+            await session.call_as("agent", "read", (), {})
+        assert info.value.rule == "defaults.agent"
+        with pytest.raises(PolicyDenied):
+            await session.call_as("tool", "read", (), {})
+        assert await session.call_as("script", "read", (), {}) == "read"
+        assert await host.call("read") == "read"  # app: escalated, approved
+        assert [r.caller for r in approver.requests] == ["app"]
+        # the globals a script sees call as the script, whatever the name
+        scope = session.globals_for("script")
+        assert await scope["read"]() == "read"
+        assert await scope["tools"].desk.launch("x") == "launched x"
+        records = await host.store.tail(4)
+    assert [r.caller for r in records] == ["script", "app", "script", "script"]
+
+
+async def test_a_policy_can_trust_a_script_more_than_generated_code(
+    desk: Callable[..., Desk],
+) -> None:
+    d = desk(
+        policy=policy(
+            """
+            [[rules]]
+            tools = ["launch"]
+            callers = ["script"]
+            decision = "allow"
+
+            [[rules]]
+            tools = ["launch"]
+            callers = ["agent"]
+            decision = "escalate"
+            """,
+            agent="deny",
+        )
+    )
+    approver = Recorder(False)
+    async with d.open(approver) as host:
+        session = host.default_session
+        assert await session.call_as("script", "launch", ("a",), {}) == "launched a"
+        with pytest.raises(NotApproved):
+            await session.call_as("agent", "launch", ("b",), {})
+    assert d.ran() == [{"launch": "a"}]
+
+
+# -- quotas --------------------------------------------------------------------------------
+
+
+QUOTA = """
+[[quotas]]
+tools = ["launch"]
+per_session = 2
+"""
+
+
+async def test_a_per_session_budget(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy(QUOTA, app="allow"))
+    async with d.open() as host:
+        await host.call("launch", "1")
+        await host.call("launch", "2")
+        with pytest.raises(LimitExceeded) as info:
+            await host.call("launch", "3")
+        assert info.value.limit == "per_session"
+        assert await host.call("read") == "read"  # other tools are not counted
+        async with host.session() as other:  # a new session has its own budget
+            await other.call("launch", "4")
+        (record,) = [r for r in await host.store.tail(10) if r.error_kind == "limit_exceeded"]
+        assert record.outcome == "denied"
+    assert [e["launch"] for e in d.ran()] == ["1", "2", "4"]
+
+
+async def test_a_per_minute_budget_spans_sessions(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy('[[quotas]]\ntools = ["launch", "rec*"]\nper_minute = 2\n', app="allow"))
+    async with d.open() as host:
+        await host.call("launch", "1")
+        async with host.session() as other:
+            await other.call("launch", "2")
+            with pytest.raises(LimitExceeded) as info:
+                await other.call("launch", "3")
+        assert info.value.limit == "per_minute" and "try again in" in str(info.value)
+        await host.call("record", [1], {})  # each tool has its own budget
+    assert len(d.ran()) == 3
+
+
+async def test_a_call_that_does_not_run_gives_its_place_back(desk: Callable[..., Desk]) -> None:
+    d = desk(
+        policy=policy(
+            QUOTA.replace("per_session = 2", "per_session = 1")
+            + '[[rules]]\ntools = ["launch"]\ndecision = "escalate"\n',
+            app="allow",
+        )
+    )
+    approver = Recorder(False, False, True)
+    async with d.open(approver) as host:
+        for _ in range(2):
+            with pytest.raises(NotApproved):
+                await host.call("launch", "a")
+        assert await host.call("launch", "a") == "launched a"
+        with pytest.raises(LimitExceeded):  # refused before anyone is asked
+            await host.call("launch", "b")
+    assert len(approver.requests) == 3
+
+
+# -- live reload ---------------------------------------------------------------------------
+
+
+async def test_editing_the_policy_swaps_it_for_the_next_call(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy("", app="allow"))
+    changes: list[Event] = []
+    async with d.open() as host:
+        host.on("policy_reloaded", changes.append)
+        assert await host.call("launch", "a") == "launched a"
+        first = host.policy.policy.version
+        d.write_policy(policy('[[rules]]\nid = "closed"\ntools = ["launch"]\ndecision = "deny"\n'))
+        with pytest.raises(PolicyDenied) as info:
+            await host.call("launch", "b")
+        assert info.value.rule == "closed"
+        second = host.policy.policy.version
+        records = await host.store.tail(2)
+    assert first != second
+    assert [r.policy_version for r in records] == [first, second]
+    assert [e.data["policy_version"] for e in changes] == [second]
+    assert d.ran() == [{"launch": "a"}]
+
+
+async def test_a_call_in_flight_keeps_the_version_it_was_decided_against(
+    desk: Callable[..., Desk],
+) -> None:
+    d = desk()  # launch escalates
+    gate = Gate(True)
+    async with d.open(gate) as host:
+        before = host.policy.policy.version
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.call, "launch", "in-flight")
+            await wait_for(lambda: len(gate.requests) == 1, "the escalation")
+            d.write_policy(
+                DESK_POLICY.format(timeout="5s", pending=20).replace(
+                    'decision = "escalate"', 'decision = "deny"'
+                )
+            )
+            with pytest.raises(PolicyDenied):
+                await host.call("launch", "after")
+            gate.release.set()
+        after = host.policy.policy.version
+        records = {r.args_summary: r for r in await host.store.tail(2)}
+    assert before != after
+    flight = records['target="in-flight"']
+    assert (flight.outcome, flight.decision, flight.policy_version) == ("ok", "escalate", before)
+    assert gate.requests[0].policy_version == before
+    late = records['target="after"']
+    assert (late.outcome, late.decision, late.policy_version) == ("denied", "deny", after)
+    assert d.ran() == [{"launch": "in-flight"}]
+
+
+async def test_a_broken_edit_fails_closed_until_fixed(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy("", app="allow"))
+    failures: list[Event] = []
+    async with d.open() as host:
+        host.on("policy_reload_failed", failures.append)
+        d.write_policy(policy('[[rules]]\ntools = ["launch"]\ndecision = "perhaps"\n'))
+        with pytest.raises(PolicyFileError) as info:
+            await host.call("launch", "a")
+        assert info.value.line == 5 and info.value.field == "rules.0.decision"
+        (record,) = await host.store.tail(1)
+        assert (record.outcome, record.error_kind) == ("denied", "policy_file_error")
+        d.write_policy(policy("", app="allow"))
+        assert await host.call("launch", "b") == "launched b"
+    assert len(failures) == 1 and "perhaps" in failures[0].data["error"]
+    assert d.ran() == [{"launch": "b"}]
+
+
+async def test_a_new_policy_file_is_picked_up(desk: Callable[..., Desk]) -> None:
+    d = desk(policy=policy("", app="allow"))
+    async with d.open() as host:
+        assert await host.call("read") == "read"
+        extra = d.root / "policies" / "lockdown.toml"
+        extra.parent.mkdir()
+        extra.write_text('version = 1\n[[rules]]\ntools = ["read"]\ndecision = "deny"\n')
+        with pytest.raises(PolicyDenied) as info:
+            await host.call("read")
+        assert info.value.rule == "policies/lockdown.toml:2"
+        extra.unlink()
+        assert await host.call("read") == "read"
+
+
+async def test_a_policy_given_to_open_is_not_reloaded(desk: Callable[..., Desk]) -> None:
+    from host import PolicyConfig
+
+    d = desk(policy=policy("", app="allow"))
+    async with d.open(policy=PolicyConfig()) as host:
+        d.write_policy(policy('[[rules]]\ntools = ["**"]\ndecision = "deny"\n'))
+        assert await host.call("read") == "read"
+
+
+# -- policy events -------------------------------------------------------------------------
+
+
+async def test_decisions_are_observable(desk: Callable[..., Desk]) -> None:
+    d = desk()
+    seen: list[Event] = []
+    async with d.open(Recorder(False)) as host:
+        host.on("*", seen.append)
+        await host.call("read")
+        with pytest.raises(NotApproved):
+            await host.call("launch")
+    kinds = [e.kind for e in seen if e.kind.startswith("policy_")]
+    assert kinds == ["policy_decision", "policy_decision", "policy_escalation", "policy_denied"]
+    decision = next(e for e in seen if e.kind == "policy_decision")
+    assert decision.data["decision"] == "allow" and decision.data["rule"] == "defaults.app"

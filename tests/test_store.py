@@ -1,0 +1,207 @@
+"""The SQLite store: WAL mode, audit records, grants, pending approvals, reconciliation."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from host import AuditRecord, Grant, SQLiteStore
+from host._store import PendingApproval, StoreUnavailable
+
+pytestmark = pytest.mark.anyio
+
+
+def started(call_id: str, host_id: str = "h1", **fields: object) -> AuditRecord:
+    base: dict[str, object] = {
+        "call_id": call_id,
+        "host_id": host_id,
+        "started": time.time(),
+        "session": "s1",
+        "caller": "app",
+        "tool": "launch",
+        "outcome": "started",
+        "decision": "allow",
+        "rule": "r",
+        "args_sha256": "ab" * 32,
+        "args_size": 10,
+        "args_summary": 'target="x"',
+    }
+    base.update(fields)
+    return AuditRecord(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / ".agent" / "state.db")
+    assert await store.start("h1") == 0
+    yield store
+    await store.aclose()
+
+
+async def test_the_database_is_in_wal_mode(store: SQLiteStore) -> None:
+    conn = sqlite3.connect(store.path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+
+
+async def test_record_finish_tail(store: SQLiteStore) -> None:
+    await store.record(started("h1.1"), durable=True)
+    await store.record(started("h1.2", outcome="denied", ended=time.time()), durable=False)
+    await store.finish("h1.1", "ok", error_kind=None, error=None)
+    records = await store.tail(10)
+    assert [(r.call_id, r.outcome) for r in records] == [("h1.1", "ok"), ("h1.2", "denied")]
+    assert records[0].ended is not None and records[0].seq is not None
+    assert [r.call_id for r in await store.tail(1)] == ["h1.2"]
+    assert await store.tail(0) == []
+
+
+async def test_a_terminal_outcome_is_never_rewritten(store: SQLiteStore) -> None:
+    await store.record(started("h1.1"), durable=True)
+    await store.finish("h1.1", "failed", error_kind="tool_error", error="boom")
+    await store.finish("h1.1", "ok", error_kind=None, error=None)  # a late reply
+    (record,) = await store.tail(1)
+    assert (record.outcome, record.error_kind, record.error) == ("failed", "tool_error", "boom")
+
+
+async def test_a_call_id_is_recorded_once(store: SQLiteStore) -> None:
+    await store.record(started("h1.1"), durable=True)
+    with pytest.raises(StoreUnavailable):
+        await store.record(started("h1.1"), durable=True)
+
+
+async def test_grants(store: SQLiteStore) -> None:
+    exact = await store.add_grant(Grant("launch", "agent", True, "aa" * 32, summary="x=1"))
+    tool_wide = await store.add_grant(Grant("launch", "app", False, None))
+    assert exact.id is not None and tool_wide.id == exact.id + 1
+    assert exact.created > 0 and exact.scope == "call" and tool_wide.scope == "tool"
+    assert await store.find_grants("launch", "agent", "aa" * 32) == [exact]
+    assert await store.find_grants("launch", "agent", "bb" * 32) == []
+    assert await store.find_grants("launch", "app", "bb" * 32) == [tool_wide]
+    assert await store.find_grants("record", "app", "bb" * 32) == []
+    assert await store.grants() == [exact, tool_wide]
+    assert await store.revoke_grant(exact.id)
+    assert not await store.revoke_grant(exact.id)
+    assert not await store.revoke_grant(999)
+    assert await store.grants() == [tool_wide]
+    assert exact.to_data()["scope"] == "call"
+
+
+def pending(pending_id: str, host_id: str = "h1") -> PendingApproval:
+    now = time.time()
+    return PendingApproval(
+        id=pending_id,
+        host_id=host_id,
+        created=now,
+        expires=now + 60,
+        call_id=f"{host_id}.1",
+        session="s1",
+        caller="agent",
+        tool="launch",
+        rule="ask",
+        reason=None,
+        args_sha256="aa" * 32,
+        rendered='target = "x"',
+    )
+
+
+async def test_pending_approvals(store: SQLiteStore) -> None:
+    await store.add_pending(pending("p1"))
+    await store.add_pending(pending("p2"))
+    assert [p.id for p in await store.pending()] == ["p1", "p2"]
+    await store.remove_pending("p1")
+    assert [p.id for p in await store.pending()] == ["p2"]
+
+
+async def test_closing_withdraws_this_hosts_pending_approvals(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.start("h1")
+    await store.add_pending(pending("p1"))
+    await store.aclose()
+    again = SQLiteStore(tmp_path / "state.db")
+    await again.start("h2")
+    assert await again.pending() == []
+    await again.aclose()
+
+
+async def test_records_of_a_dead_host_are_closed_as_unknown(tmp_path: Path) -> None:
+    path = tmp_path / ".agent" / "state.db"
+    dead = SQLiteStore(path)
+    await dead.start("dead")
+    await dead.record(started("dead.1", "dead"), durable=True)
+    await dead.record(started("dead.2", "dead", outcome="ok", ended=time.time()), durable=True)
+    await dead.add_pending(pending("p1", "dead"))
+    # The host "dies": its lock goes away without its records being closed.
+    dead._lock.release()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
+    live = SQLiteStore(path)
+    assert await live.start("live") == 1  # the next host to start closes them
+    await live.record(started("live.1", "live"), durable=True)
+    following = SQLiteStore(path)
+    assert await following.start("next") == 0
+    outcomes = {r.call_id: (r.outcome, r.error_kind) for r in await following.tail(10)}
+    assert outcomes == {
+        "dead.1": ("unknown", "host_stopped"),
+        "dead.2": ("ok", None),
+        "live.1": ("started", None),  # its host still runs
+    }
+    assert await following.pending() == []
+    assert await following.reconcile() == 0
+    for store in (following, live, dead):
+        await store.aclose()
+
+
+async def test_a_locked_database_raises_store_unavailable(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db", busy_timeout=0.1)
+    await store.start("h1")
+    blocker = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreUnavailable, match="locked"):
+            await store.record(started("h1.1"), durable=True)
+        blocker.execute("ROLLBACK")
+        await store.record(started("h1.1"), durable=True)
+    finally:
+        blocker.close()
+        await store.aclose()
+
+
+async def test_a_store_that_cannot_open(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    store = SQLiteStore(tmp_path / "file" / "state.db")
+    with pytest.raises(StoreUnavailable, match="cannot open"):
+        await store.start("h1")
+    with pytest.raises(StoreUnavailable, match="not open"):
+        await store.tail(1)
+    await store.aclose()
+
+
+async def test_a_fast_store_skips_the_sync(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db", durable=False)
+    await store.start("h1")
+    await store.record(started("h1.1"), durable=True)
+    assert len(await store.tail(5)) == 1
+    await store.aclose()
+
+
+async def test_store_work_does_not_block_the_event_loop(store: SQLiteStore) -> None:
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        for i in range(20):
+            await store.record(started(f"h1.{i}"), durable=True)
+        tg.cancel_scope.cancel()
+    assert ticks > 20  # the loop kept running while SQLite worked on a thread
