@@ -25,6 +25,7 @@ from ._policy import decide as decide
 from ._sandbox import CodeCall as CodeCall
 from ._sandbox import CodeError as CodeError
 from ._sandbox import CodeResult as CodeResult
+from ._scope import Scope as Scope
 from ._store import AuditRecord as AuditRecord
 from ._store import Grant as Grant
 from ._store import SQLiteStore as SQLiteStore
@@ -55,6 +56,7 @@ __all__ = (
     "load_policy",
     "Discovery",
     "ToolSpec",
+    "Scope",
     "discover",
     # agent code
     "CodeResult",

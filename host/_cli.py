@@ -21,6 +21,7 @@ import anyio
 
 from . import errors
 from ._cli_exec import EXEC_COMMANDS
+from ._cli_scope import SCOPE_COMMANDS
 from ._events import Event
 from ._host import Host
 from ._project import default_project
@@ -182,6 +183,7 @@ def _add_run(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [_add_call, _add_run]
 """Each adds one sub-command; commands of other modules append themselves here."""
 COMMANDS.extend(EXEC_COMMANDS)
+COMMANDS.extend(SCOPE_COMMANDS)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from ._approval import Approver, default_approver
 from ._config import Limits, PolicyConfig, load_policy
@@ -27,6 +28,8 @@ from ._policy import Policy, PolicySource
 from ._process import minimal_env
 from ._project import Project, resolve_project
 from ._sandbox import CodeResult, CodeSandbox
+from ._scope import Scope
+from ._scope_cache import load_or_build_scope
 from ._store import SQLiteStore, Store, StoreUnavailable
 from ._subprocess import start_subprocess
 from ._supervisor import Supervisor
@@ -181,9 +184,12 @@ class Host:
         store: Store,
         approver: Approver,
         watch_policy: bool = True,
+        scope: Scope,
     ) -> None:
         self.project = project
         self.discovery = discovery
+        self.scope = scope
+        """The declarations: ``scope.render_model()`` is what the model is told it can call."""
         self.config = config
         self.events = EventBus()
         self.host_id = uuid.uuid4().hex[:12]
@@ -205,6 +211,7 @@ class Host:
             approver=approver,
             events=self.events,
             host_id=self.host_id,
+            scope=scope,
         )
         self._factory = factory
         self._tg = task_group
@@ -248,6 +255,7 @@ class Host:
         """
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
+        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
         )
@@ -269,6 +277,7 @@ class Host:
                     store=store or SQLiteStore(resolved.state_dir / "state.db"),
                     approver=approver if approver is not None else default_approver(),
                     watch_policy=policy is None,
+                    scope=scope,
                 )
                 await host._open_store()
                 try:

@@ -32,6 +32,8 @@ from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
 from ._policy import Decision, Policy, PolicySource, policy_arguments
 from ._quotas import Quotas, Reservation
+from ._schema import ArgumentValidator
+from ._scope import Scope
 from ._store import AuditRecord, Outcome, Store, StoreUnavailable
 from .errors import (
     CallError,
@@ -71,6 +73,7 @@ class Mediator:
         approver: Approver,
         events: EventBus,
         host_id: str,
+        scope: Scope | None = None,
     ) -> None:
         self._discovery = discovery
         self._config = config
@@ -85,6 +88,8 @@ class Mediator:
         self.store = store
         self.events = events
         self.host_id = host_id
+        self._validator = ArgumentValidator(scope) if scope is not None else None
+        """Checks bound arguments against each tool's input schema (compiled once per tool)."""
         self.quotas = Quotas()
         self.escalations = Escalations(approver, store, events, host_id)
         env = config.env
@@ -122,6 +127,8 @@ class Mediator:
                 f"the arguments take {len(bound.encoded)} bytes encoded, over the limit of "
                 f"{limit} ([limits] max_argument_size); pass a reference instead of the data",
             )
+        if self._validator is not None:  # the declared types, before policy sees the call
+            self._validator.check(spec.name, bound.arguments)
         return bound
 
     def decide(self, spec: ToolSpec, bound: BoundCall, caller: Caller, policy: Policy) -> Decision:

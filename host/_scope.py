@@ -1,0 +1,204 @@
+"""The scope: the declarations of every tool, as one model (DESIGN.md section 1).
+
+One model, many renderings: the model block the LLM reads, the ``.pyi`` stub for editors,
+the JSON manifest and the JSON Schemas all come from this, so they cannot disagree. It is
+built from discovery and one pyright run (``_declare``), kept by the cache
+(``_scope_cache``), and is plain data all the way down so it round-trips through JSON.
+
+Types are canonical text (see ``_typeexpr``): a small vocabulary of builtins plus the
+names of the referenced types in :attr:`Scope.types`, which come in dependency order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = ["ParamDecl", "ToolDecl", "FieldDecl", "TypeDecl", "Scope", "TypeKind"]
+
+TypeKind = Literal["typeddict", "dataclass", "pydantic", "namedtuple", "enum", "alias", "typevar"]
+_CLASS_KINDS = frozenset({"typeddict", "dataclass", "pydantic", "namedtuple"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParamDecl:
+    """One parameter the caller can pass (hidden context parameters never appear)."""
+
+    name: str
+    kind: int
+    """An ``inspect.Parameter`` kind value (0 positional-only ... 4 ``**kwargs``)."""
+    type: str
+    """Canonical type text, as pyright infers it (``Any`` where it cannot)."""
+    default: str | None = None
+    """The default as written in the source; ``...`` when it is not a literal."""
+    description: str | None = None
+    """From the docstring's parameter section (Google, NumPy or Sphinx style)."""
+
+    @property
+    def required(self) -> bool:
+        return self.default is None and self.kind not in (2, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDecl:
+    """One tool as the agent calls it: always ``async def``, every call awaited."""
+
+    name: str
+    qualified: str
+    """``tools.FILE.EXPORT[.MEMBER]``."""
+    file: str
+    export: str
+    member: str | None
+    installed: bool
+    """False when only ``tools.FILE.EXPORT`` reaches it (its name shadows a builtin)."""
+    source: str
+    """The defining file, relative to the tools folder."""
+    line: int
+    params: tuple[ParamDecl, ...]
+    returns: str
+    """Canonical text of the inferred return type, coroutines unwrapped."""
+    docstring: str | None
+    """Verbatim (cleaned of indentation) from the source."""
+    inferred: str
+    """Pyright's own text for the tool's type, for the manifest and for debugging."""
+    notes: tuple[str, ...] = ()
+    """Where pyright's answer is weak, said plainly (overloads, wrappers, Unknown)."""
+    summary: str | None = None
+    """The docstring without its parameter and return sections."""
+    returns_description: str | None = None
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return (
+            (self.file, self.export)
+            if self.member is None
+            else (self.file, self.export, self.member)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FieldDecl:
+    """One key of a declared data shape."""
+
+    name: str
+    type: str
+    required: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TypeDecl:
+    """A user-declared type a signature mentions, directly or through another type.
+
+    Classes with a data shape (TypedDict, dataclass, pydantic model, NamedTuple) are all
+    declared as a TypedDict: the agent only ever receives their fields as a dict.
+    An Enum is declared as the ``Literal`` of its values, which is what crosses.
+    """
+
+    name: str
+    kind: TypeKind
+    source: str
+    """The defining file, relative to the tools folder."""
+    line: int
+    docstring: str | None = None
+    fields: tuple[FieldDecl, ...] = ()
+    value: str | None = None
+    """An alias's (or enum's ``Literal[...]``) canonical text; a TypeVar's bound."""
+    constraints: tuple[str, ...] = ()
+    """A TypeVar's constraints."""
+    params: tuple[str, ...] = ()
+    """Type parameters of a generic class (``Generic[T]``)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """What two same-named copies must share to merge into one declaration."""
+        kind = "class" if self.kind in _CLASS_KINDS else self.kind
+        return (kind, self.fields, self.value, self.constraints, self.params)
+
+    @property
+    def is_class(self) -> bool:
+        return self.kind in _CLASS_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The declarations of all tools: tools in discovery order, types in dependency order."""
+
+    tools: tuple[ToolDecl, ...]
+    types: tuple[TypeDecl, ...]
+    pyright: str
+    """The pyright version that inferred them."""
+    key: str = ""
+    """The cache key it was built for."""
+    _by_name: dict[str, ToolDecl] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tools})
+
+    def __repr__(self) -> str:
+        return f"<Scope tools={len(self.tools)} types={len(self.types)} pyright={self.pyright}>"
+
+    def tool(self, name: str) -> ToolDecl:
+        """The declaration of the tool with this canonical name. Raises KeyError."""
+        return self._by_name[name]
+
+    def type(self, name: str) -> TypeDecl:
+        for decl in self.types:
+            if decl.name == name:
+                return decl
+        raise KeyError(name)
+
+    # -- renderings (one model, many views) --------------------------------------------
+
+    def render_model(self) -> str:
+        """The model block: what the LLM is told it can call."""
+        from ._render import render_model
+
+        return render_model(self)
+
+    def render_pyi(self) -> str:
+        """``.agent/tool_globals.pyi``: every tool as a global, for editors."""
+        from ._render import render_pyi
+
+        return render_pyi(self)
+
+    def manifest(self) -> dict[str, Any]:
+        """``.agent/manifest.json``: the whole model as JSON, with schemas."""
+        from ._render import manifest
+
+        return manifest(self)
+
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        """Tool name -> ``{"input": schema, "output": schema or None}``."""
+        from ._schema import tool_schemas
+
+        return {t.name: tool_schemas(self, t) for t in self.tools}
+
+    # -- plain data (the cache) ---------------------------------------------------------
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "tools": [asdict(t) for t in self.tools],
+            "types": [asdict(t) for t in self.types],
+            "pyright": self.pyright,
+            "key": self.key,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Scope:
+        """Rebuild a scope from :meth:`to_data`. Raises on any malformed part."""
+        tools: list[ToolDecl] = []
+        for t in data["tools"]:
+            fields: dict[str, Any] = dict(t)
+            fields["params"] = tuple(ParamDecl(**p) for p in t["params"])
+            fields["notes"] = tuple(t["notes"])
+            tools.append(ToolDecl(**fields))
+        types: list[TypeDecl] = []
+        for t in data["types"]:
+            fields = dict(t)
+            fields["fields"] = tuple(FieldDecl(**f) for f in t["fields"])
+            for name in ("constraints", "params", "notes"):
+                fields[name] = tuple(t[name])
+            types.append(TypeDecl(**fields))
+        return cls(tuple(tools), tuple(types), str(data["pyright"]), str(data["key"]))

@@ -1,0 +1,2 @@
+def ok() -> int:
+    return 1
