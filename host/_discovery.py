@@ -135,9 +135,6 @@ class ToolSpec:
     """The return annotation's source text, if any."""
     installed: bool = True
     """False when the export shadows a builtin or host global (only ``tools.F.E`` works)."""
-    context: str | None = None
-    """The hidden parameter annotated ``capsule.context.ToolContext``, if any: it is not in
-    ``params``, so no caller can bind it; the host fills it in."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -248,12 +245,7 @@ def _parse(name: str, path: Path) -> _Module:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DeclarationError(f"cannot read tool file: {exc}", file=str(path)) from exc
-    try:
-        tree = ast.parse(source, filename=str(path))
-    except SyntaxError as exc:
-        raise DeclarationError(f"syntax error: {exc.msg}", file=str(path), line=exc.lineno) from exc
-    except (ValueError, MemoryError, RecursionError) as exc:  # NUL bytes, absurd nesting
-        raise DeclarationError(f"cannot parse tool file: {exc}", file=str(path)) from exc
+    tree = _ast_parse(source, path)
     mod = _Module(name, path, tree)
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -292,6 +284,27 @@ def _parse(name: str, path: Path) -> _Module:
                 if alias.name == "types":
                     mod.types_modules.add(local)
     return mod
+
+
+def _ast_parse(source: str, path: Path) -> ast.Module:
+    """``ast.parse``, with every failure a :class:`DeclarationError` naming the file."""
+    for attempt in range(3):
+        try:
+            return ast.parse(source, filename=str(path))
+        except SyntaxError as exc:
+            message = f"syntax error: {exc.msg}"
+            raise DeclarationError(message, file=str(path), line=exc.lineno) from exc
+        except SystemError as exc:
+            # CPython 3.11 keeps the AST builder's recursion counter per interpreter, not
+            # per thread: a parse that races another thread's fails spuriously with
+            # "AST constructor recursion depth mismatch" (python/cpython#106905). Seen
+            # here with the host's worker threads; parsing again is safe.
+            if "recursion depth mismatch" in str(exc) and attempt < 2:
+                continue
+            raise DeclarationError(f"cannot parse tool file: {exc}", file=str(path)) from exc
+        except (ValueError, MemoryError, RecursionError) as exc:  # NUL bytes, absurd nesting
+            raise DeclarationError(f"cannot parse tool file: {exc}", file=str(path)) from exc
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _assign(mod: _Module, target: ast.expr, value: ast.expr, line: int) -> None:
@@ -508,69 +521,23 @@ def _tool_name(file: str, export: str, member: str | None) -> tuple[str, bool]:
     return (export if member is None else f"{export}.{member}"), True
 
 
-def _context_names(tree: ast.Module) -> set[str]:
-    """How this module spells ``capsule.context.ToolContext`` (imports anywhere in it)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0:
-            for alias in node.names:
-                local = alias.asname or alias.name
-                if node.module == "capsule.context" and alias.name == "ToolContext":
-                    names.add(local)
-                elif node.module == "capsule" and alias.name == "context":
-                    names.add(f"{local}.ToolContext")
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "capsule.context":
-                    names.add(f"{alias.asname or alias.name}.ToolContext")
-    return names
-
-
-def _context_param(params: tuple[Param, ...], tree: ast.Module) -> str | None:
-    """The parameter annotated ``ToolContext`` (or ``ToolContext | None``), if any."""
-    candidates = [p for p in params if p.annotation and "ToolContext" in p.annotation]
-    if not candidates:
-        return None  # the common case: no need to look at the imports
-    names = _context_names(tree)
-    for param in candidates:
-        assert param.annotation is not None
-        try:
-            expr = ast.parse(param.annotation.strip(" '\""), mode="eval").body
-        except SyntaxError:
-            continue
-        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
-            sides = [s for s in (expr.left, expr.right) if ast.unparse(s) != "None"]
-            expr = sides[0] if len(sides) == 1 else expr
-        elif isinstance(expr, ast.Subscript) and ast.unparse(expr.value) in (
-            "Optional",
-            "typing.Optional",
-        ):
-            expr = expr.slice
-        if ast.unparse(expr) in names:
-            return param.name
-    return None
-
-
 def _spec(
     file: str, export: str, member: str | None, owner: _Module, fn: _Fn, *, drop_first: bool
 ) -> ToolSpec:
     name, installed = _tool_name(file, export, member)
     is_def = not isinstance(fn, ast.Lambda)
-    params = _params(fn, drop_first=drop_first)
-    context = _context_param(params, owner.tree)
     return ToolSpec(
         name=name,
         file=file,
         export=export,
         member=member,
-        params=tuple(p for p in params if p.name != context),
+        params=_params(fn, drop_first=drop_first),
         is_async=isinstance(fn, ast.AsyncFunctionDef),
         source=owner.path,
         line=fn.lineno,
         docstring=ast.get_docstring(fn, clean=True) if is_def else None,
         returns=ast.unparse(fn.returns) if is_def and fn.returns is not None else None,
         installed=installed,
-        context=context,
     )
 
 

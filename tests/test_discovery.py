@@ -870,3 +870,29 @@ def test_the_load_check_catches_what_discovery_cannot_see(
     found = discover(tools_dir)
     assert found.runtime_names("m") == static
     assert runtime_exports(tools_dir, found) == {"m": runtime}
+
+
+def test_a_spurious_ast_error_of_cpython_311_is_retried(
+    tools: Callable[..., Discovery], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """python/cpython#106905: a parse racing another thread's fails with a SystemError."""
+    import ast
+
+    real = ast.parse
+    failures = iter([True, True])
+
+    def flaky(source: str, filename: str = "<unknown>", **kwargs: object) -> ast.Module:
+        if next(failures, False):
+            raise SystemError("AST constructor recursion depth mismatch (before=9, after=12)")
+        return real(source, filename=filename)
+
+    monkeypatch.setattr(ast, "parse", flaky)
+    assert names(tools(m="def f() -> None: ...\n")) == ["f"]
+
+    def broken(source: str, filename: str = "<unknown>", **kwargs: object) -> ast.Module:
+        raise SystemError("AST constructor recursion depth mismatch (before=9, after=12)")
+
+    monkeypatch.setattr(ast, "parse", broken)
+    with pytest.raises(DeclarationError, match="cannot parse tool file") as info:
+        tools(m="def f() -> None: ...\n")
+    assert info.value.file is not None and info.value.file.endswith("m.py")
