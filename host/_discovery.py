@@ -135,6 +135,9 @@ class ToolSpec:
     """The return annotation's source text, if any."""
     installed: bool = True
     """False when the export shadows a builtin or host global (only ``tools.F.E`` works)."""
+    context: str | None = None
+    """The hidden parameter annotated ``capsule.context.ToolContext``, if any: it is not in
+    ``params``, so no caller can bind it; the host fills it in."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -521,23 +524,69 @@ def _tool_name(file: str, export: str, member: str | None) -> tuple[str, bool]:
     return (export if member is None else f"{export}.{member}"), True
 
 
+def _context_names(tree: ast.Module) -> set[str]:
+    """How this module spells ``capsule.context.ToolContext`` (imports anywhere in it)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if node.module == "capsule.context" and alias.name == "ToolContext":
+                    names.add(local)
+                elif node.module == "capsule" and alias.name == "context":
+                    names.add(f"{local}.ToolContext")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "capsule.context":
+                    names.add(f"{alias.asname or alias.name}.ToolContext")
+    return names
+
+
+def _context_param(params: tuple[Param, ...], tree: ast.Module) -> str | None:
+    """The parameter annotated ``ToolContext`` (or ``ToolContext | None``), if any."""
+    candidates = [p for p in params if p.annotation and "ToolContext" in p.annotation]
+    if not candidates:
+        return None  # the common case: no need to look at the imports
+    names = _context_names(tree)
+    for param in candidates:
+        assert param.annotation is not None
+        try:
+            expr = ast.parse(param.annotation.strip(" '\""), mode="eval").body
+        except SyntaxError:
+            continue
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
+            sides = [s for s in (expr.left, expr.right) if ast.unparse(s) != "None"]
+            expr = sides[0] if len(sides) == 1 else expr
+        elif isinstance(expr, ast.Subscript) and ast.unparse(expr.value) in (
+            "Optional",
+            "typing.Optional",
+        ):
+            expr = expr.slice
+        if ast.unparse(expr) in names:
+            return param.name
+    return None
+
+
 def _spec(
     file: str, export: str, member: str | None, owner: _Module, fn: _Fn, *, drop_first: bool
 ) -> ToolSpec:
     name, installed = _tool_name(file, export, member)
     is_def = not isinstance(fn, ast.Lambda)
+    params = _params(fn, drop_first=drop_first)
+    context = _context_param(params, owner.tree)
     return ToolSpec(
         name=name,
         file=file,
         export=export,
         member=member,
-        params=_params(fn, drop_first=drop_first),
+        params=tuple(p for p in params if p.name != context),
         is_async=isinstance(fn, ast.AsyncFunctionDef),
         source=owner.path,
         line=fn.lineno,
         docstring=ast.get_docstring(fn, clean=True) if is_def else None,
         returns=ast.unparse(fn.returns) if is_def and fn.returns is not None else None,
         installed=installed,
+        context=context,
     )
 
 
