@@ -1,22 +1,31 @@
-"""Reading a pipe with the least work per chunk: the hot path of every call.
+"""The event-loop primitives of the hot path: reading a pipe, waking a caller, the clock.
 
-On asyncio a persistent ``loop.add_reader`` callback handles each chunk as it arrives;
-``anyio.wait_readable`` costs a selector registration and a future per wait (measured
-~60 us per call here, more than a whole bare pipe round trip). On trio, whose
-``wait_readable`` is cheap, a plain loop does the same. This is the only module in
-``host/`` that touches asyncio directly, and only through the running loop.
+Every call reads one chunk, wakes one waiting task and reads the clock once, so each of
+these is done with the least work the running loop offers:
+
+* On asyncio a persistent ``loop.add_reader`` callback handles each chunk as it arrives;
+  ``anyio.wait_readable`` costs a selector registration and a future per wait (measured
+  ~60 us per call here, more than a whole bare pipe round trip). On trio, whose
+  ``wait_readable`` is cheap, a plain loop does the same.
+* A waiting call parks on a bare future (asyncio) or a ``trio.Event``, not an
+  ``anyio.Event``, whose wrapper and backend lookup cost several microseconds per call.
+* The clock is the loop's own (``loop.time``, ``trio.current_time``), looked up once.
+
+This is the only module in ``host/`` that touches asyncio or trio directly, and only
+through the running loop.
 """
 
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 - the measured fast path above; nothing else uses asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import anyio
 import sniffio
 
-__all__ = ["PipeReader"]
+__all__ = ["PipeReader", "Wakeup", "wakeups", "clock"]
 
 _CHUNK = 1 << 18
 
@@ -93,3 +102,51 @@ class PipeReader:
         self._closed = True
         if self._stop is not None:
             self._stop()
+
+
+class Wakeup(Protocol):
+    """A one-shot wake-up for one waiting task: ``set`` any number of times, ``wait`` once."""
+
+    def set(self) -> None: ...
+
+    def wait(self) -> Awaitable[None]: ...
+
+
+class _FutureWakeup:
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self._future = future
+
+    def set(self) -> None:
+        future = self._future
+        if not future.done():  # done already if the waiting task was cancelled
+            future.set_result(None)
+
+    def wait(self) -> Awaitable[None]:
+        return self._future
+
+
+def wakeups() -> Callable[[], Wakeup]:
+    """A factory of the cheapest wake-ups on the running event loop (call it on the loop)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        create = asyncio.get_running_loop().create_future
+        return lambda: _FutureWakeup(create())
+    if library == "trio":
+        import trio
+
+        return trio.Event
+    return anyio.Event
+
+
+def clock() -> Callable[[], float]:
+    """The running loop's clock, as ``anyio.current_time`` reads it (call it on the loop)."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        return asyncio.get_running_loop().time
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time

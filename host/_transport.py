@@ -26,7 +26,7 @@ import anyio.abc
 from capsule import protocol as p
 
 from ._events import EventBus
-from ._pipes import PipeReader
+from ._pipes import PipeReader, Wakeup, clock, wakeups
 from .errors import (
     CapsuleCrashed,
     LimitExceeded,
@@ -129,8 +129,8 @@ TransportFactory = Callable[[LoadRequest, EventBus, anyio.abc.TaskGroup], Any]
 class _Waiter:
     __slots__ = ("deadline", "event", "outcome", "sent", "tool", "value")
 
-    def __init__(self, tool: str, deadline: float) -> None:
-        self.event = anyio.Event()
+    def __init__(self, tool: str, deadline: float, event: Wakeup) -> None:
+        self.event = event
         self.sent = False
         self.outcome: str = ""
         self.value: Any = None
@@ -186,6 +186,8 @@ class Connection:
         self._wake = anyio.Event()
         self._closed = False
         self._reader = PipeReader(read_fd, self._on_data)
+        self._wakeup = wakeups()
+        self._clock = clock()
         self.dead: str | None = None
 
     # -- raw I/O -----------------------------------------------------------------------
@@ -336,7 +338,7 @@ class Connection:
                 await self._wake.wait()
                 self._wake = anyio.Event()
             await anyio.sleep(self.TICK)
-            now = anyio.current_time()
+            now = self._clock()
             for call_id, waiter in list(self._pending.items()):
                 if waiter.deadline <= now:
                     del self._pending[call_id]
@@ -395,7 +397,7 @@ class Connection:
         """Send one call and wait for its reply, at most ``timeout`` seconds (+ ``TICK``)."""
         if self.dead is not None:
             raise CapsuleCrashed(tool, reason=self.dead, may_have_executed=False)
-        waiter = _Waiter(tool, anyio.current_time() + timeout)
+        waiter = _Waiter(tool, self._clock() + timeout, self._wakeup())
         if not self._pending:
             self._wake.set()
         self._pending[call_id] = waiter
