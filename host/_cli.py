@@ -21,6 +21,7 @@ import anyio
 
 from . import errors
 from ._cli_exec import EXEC_COMMANDS
+from ._cli_policy import POLICY_COMMANDS
 from ._cli_scope import SCOPE_COMMANDS
 from ._events import Event
 from ._host import Host
@@ -184,6 +185,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [_add_ca
 """Each adds one sub-command; commands of other modules append themselves here."""
 COMMANDS.extend(EXEC_COMMANDS)
 COMMANDS.extend(SCOPE_COMMANDS)
+COMMANDS.extend(POLICY_COMMANDS)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -508,42 +508,51 @@ class CodeSandbox:
 
     async def _drive(self, guest: _Guest, run: _Run) -> None:
         """Serve the run's tool calls until it is done, fails, or hits a limit."""
+        broken: p.BadFrame | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._clock, guest, run)
-            while True:
-                msg = await guest.next()
-                if msg is None or run.failure is not None:
-                    break
-                kind = msg.get("k")
-                if kind == p.K_USE:
-                    if msg.get("run") != run.id:
-                        continue  # left over from an earlier run: it gets no answer
-                    run.made += 1
-                    if run.made > self._limits.code_max_calls:
-                        run.failure = _limit(
-                            "code_max_calls",
-                            f"the code made more than {self._limits.code_max_calls} tool calls",
-                        )
-                        guest.kill("too many tool calls")
-                        break
-                    call_id, tool, args, kwargs = self._check_use(msg)
-                    scope = anyio.CancelScope()
-                    run.scopes[call_id] = scope
-                    run.inflight += 1
-                    tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
-                elif kind == p.K_DROP:
-                    scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
-                    if scope is not None:
-                        scope.cancel()
-                elif kind == p.K_DONE:
-                    if msg.get("id") != run.id:
-                        raise p.BadFrame("a done frame for another run")
-                    p.check_plain(msg.get("value"))
-                    run.done = msg
-                    break
-                else:
-                    raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
+            try:
+                await self._serve(guest, run, tg)
+            except p.BadFrame as exc:  # raised outside the group, not wrapped in one
+                broken = exc
             tg.cancel_scope.cancel()
+        if broken is not None:
+            raise broken
+
+    async def _serve(self, guest: _Guest, run: _Run, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            msg = await guest.next()
+            if msg is None or run.failure is not None:
+                break
+            kind = msg.get("k")
+            if kind == p.K_USE:
+                if msg.get("run") != run.id:
+                    continue  # left over from an earlier run: it gets no answer
+                run.made += 1
+                if run.made > self._limits.code_max_calls:
+                    run.failure = _limit(
+                        "code_max_calls",
+                        f"the code made more than {self._limits.code_max_calls} tool calls",
+                    )
+                    guest.kill("too many tool calls")
+                    break
+                call_id, tool, args, kwargs = self._check_use(msg)
+                scope = anyio.CancelScope()
+                run.scopes[call_id] = scope
+                run.inflight += 1
+                tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
+            elif kind == p.K_DROP:
+                scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
+                if scope is not None:
+                    scope.cancel()
+            elif kind == p.K_DONE:
+                if msg.get("id") != run.id:
+                    raise p.BadFrame("a done frame for another run")
+                p.check_plain(msg.get("value"))
+                run.done = msg
+                break
+            else:
+                raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
 
     @staticmethod
     def _check_use(msg: Mapping[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
@@ -598,6 +607,10 @@ class CodeSandbox:
             except HostError as exc:
                 failure = exc
                 reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(exc)}
+            except Exception as exc:  # a host bug: the code gets an error, the log the detail
+                logger.exception("tool call %s from agent code failed inside the host", tool)
+                failure = HostError(f"the host failed to run {tool}: {type(exc).__name__}")
+                reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
             finally:
                 run.inflight -= 1
                 run.scopes.pop(call_id, None)
