@@ -7,12 +7,15 @@ fd 2 stays the host's stderr pipe, which the host drains (logging goes there).
 
 Where processes can be forked, the process the host starts splits in two at once: a
 small *reaper* that never runs user code, and the *worker* that loads the tools and
-serves calls. The reaper is a child subreaper, so every orphaned descendant (a daemon
-that double-forked and ``setsid()``-ed away from the process group) is re-parented to
-it. When the worker dies in any way (``os._exit`` or SIGKILL from a tool) or the host
-dies, the reaper kills every descendant it has and exits with the worker's status, so
-no process outlives the capsule or the host. The worker watches the reaper the same way
-(a lifeline thread), in case a tool kills the reaper.
+serves calls. Both are child subreapers: an orphaned descendant (a daemon that
+double-forked and ``setsid()``-ed away from the process group) is re-parented to the
+worker, and when the worker dies, everything it had goes to the reaper. When the worker
+dies in any way (``os._exit`` or SIGKILL from a tool) or the host dies, the reaper kills
+every descendant it has and exits with the worker's status, so no process outlives the
+capsule or the host. The worker watches the reaper the same way (a lifeline thread), and
+kills its own tree if a tool kills the reaper. (The worker does not reap the orphans it
+adopts, since that would steal exit statuses from the tools' own ``subprocess`` calls;
+they stay zombies until the worker ends.)
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ def main() -> None:
         worker = os.fork()  # before any thread starts: forking is safe here
         if worker:
             _reap(worker)
+        _become_subreaper()  # not inherited across fork
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":

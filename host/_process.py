@@ -34,13 +34,13 @@ def _parents() -> dict[int, int]:
     return table
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living descendant of ``pid`` (Linux; empty elsewhere)."""
+def descendants(*roots: int) -> list[int]:
+    """Every living descendant of the ``roots`` (Linux; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     for child, parent in _parents().items():
         children.setdefault(parent, []).append(child)
     found: list[int] = []
-    stack = [pid]
+    stack = list(roots)
     while stack:
         for child in children.get(stack.pop(), ()):
             found.append(child)
@@ -48,12 +48,26 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s descendants, its process group and ``pid`` itself."""
-    tree = descendants(pid) if sys.platform.startswith("linux") else []
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return False
+
+
+def kill_tree(pid: int, *members: int) -> None:
+    """SIGKILL ``pid``'s descendants, its process group and ``pid`` itself.
+
+    ``members`` are more roots whose descendants die too (a capsule's worker, which may
+    outlive its reaper ``pid`` and hold orphans it adopted). Each is used only while it
+    is still in ``pid``'s process group: a group id is not reused while any member
+    lives, so a reused pid of some other process is never taken for it.
+    """
+    roots = [pid, *(m for m in members if m != pid and _in_group(m, pid))]
+    tree = descendants(*roots) if sys.platform.startswith("linux") else []
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    for target in [pid, *tree]:
+    for target in [*roots, *tree]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(target, signal.SIGKILL)
 

@@ -131,10 +131,15 @@ class SubprocessTransport:
     async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
         return await self._connection.call(call_id, tool, encoded, timeout)
 
+    def _kill_tree(self) -> None:
+        """Kill the capsule (its reaper) and every descendant, the worker's included."""
+        worker = self._report.pid  # reported by the capsule: kill_tree checks it is ours
+        kill_tree(self._process.pid, *([] if worker is None else [worker]))
+
     def _kill_now(self, reason: str) -> None:
         if self._killed is None:
             self._killed = reason
-        kill_tree(self._process.pid)
+        self._kill_tree()
 
     async def kill(self, reason: str) -> None:
         self._kill_now(reason)
@@ -162,8 +167,9 @@ class SubprocessTransport:
         code = await self._process.wait()
         reason = self._killed or _exit_reason(code)
         self._connection.fail_all(reason)
-        # Descendants that kept the pipes open must not keep the capsule half-alive.
-        kill_tree(self._process.pid)
+        # Descendants that kept the pipes open must not keep the capsule half-alive, and
+        # a worker whose reaper a tool killed must not live on with the orphans it adopted.
+        self._kill_tree()
         self._exited.set()
 
     async def run(
@@ -187,7 +193,7 @@ class SubprocessTransport:
             # which raises inside asyncio. aclose() closes the pipe transports too.
             self._connection.close()
             if self._process.returncode is None:
-                kill_tree(self._process.pid)  # not reaped yet, so the pid is still ours
+                self._kill_tree()  # not reaped yet, so the pid is still ours
             with (
                 anyio.CancelScope(shield=True),
                 anyio.move_on_after(5),

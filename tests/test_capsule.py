@@ -12,9 +12,9 @@ import anyio
 import psutil
 import pytest
 
-from host import Host, NotSerializable, ToolError
+from host import Host, LimitExceeded, NotSerializable, ToolError
 
-from .fixtures.e2e.helpers import LAB, Recorder, capsule_pids, wait_until
+from .fixtures.e2e.helpers import LAB, Recorder, capsule_pids, policy, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -144,6 +144,30 @@ async def test_a_raising_tool_is_a_tool_error_with_its_own_traceback() -> None:
         assert "in aboom" in info.value.traceback
         assert "capsule/" not in info.value.traceback
         assert await host.call("quick") == "quick"
+
+
+async def test_a_result_over_the_frame_cap_is_limit_exceeded() -> None:
+    async with Host.open(LAB, limits={"max_frame": "1MiB"}) as host:
+        with pytest.raises(LimitExceeded) as info:
+            await host.call("big", 2 * 1024 * 1024)
+        assert info.value.limit == "max_frame"
+        assert await host.call("big", 10) == "x" * 10
+        assert await host.call("bump") == 1, "the same capsule goes on serving"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="capsule/_serve.py Capsule._run swallows a CancelledError the tool raised itself "
+    "as if the host had cancelled the call: no reply, so the call waits for its deadline "
+    "and the capsule is killed",
+)
+async def test_a_tool_raising_cancelled_error_is_a_tool_error() -> None:
+    async with Host.open(LAB, policy=policy("timeout")) as host:
+        await host.call("bump")
+        with pytest.raises(ToolError) as info:
+            await host.call("cancels_itself")
+        assert info.value.type_name == "CancelledError"
+        assert await host.call("bump") == 2, "the capsule was not restarted"
 
 
 @pytest.mark.parametrize("tool", ["leave", "aleave"])
