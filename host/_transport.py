@@ -145,6 +145,10 @@ def _text(error: Mapping[str, Any], key: str) -> str:
     return value
 
 
+_IOV_MAX = 1024
+"""Most buffers one ``writev`` takes (POSIX guarantees at least 16; Linux takes 1024)."""
+
+
 class _Broken(Exception):
     """Internal: the pipe to the capsule is closed."""
 
@@ -154,9 +158,12 @@ class Connection:
 
     Writes go straight to the pipe when it has room; what does not fit waits in a
     backlog that a writer task flushes, so a call never blocks on a full pipe and frames
-    stay in order. Reads happen in :meth:`run`, which never writes, so large frames in
-    both directions cannot deadlock. Call deadlines are checked by a watchdog task every
-    ``TICK`` seconds, so no per-call timer is armed on the hot path.
+    stay in order. A call made while others are in flight queues its frame for the
+    writer too, so the calls started in one turn of the loop cost one write (and one
+    wake-up of the capsule) between them. Reads happen in :meth:`run`, which never
+    writes, so large frames in both directions cannot deadlock. Call deadlines are
+    checked by a watchdog task every ``TICK`` seconds, so no per-call timer is armed on
+    the hot path.
     """
 
     TICK = 0.05
@@ -181,22 +188,26 @@ class Connection:
         self._decoder = p.FrameDecoder(max_frame)
         self._pending: dict[int, _Waiter] = {}
         self._ready: list[bytes] = []
-        self._backlog: list[memoryview] = []
-        self._flush = anyio.Event()
+        self._backlog: list[bytes | memoryview] = []
+        self._wakeup = wakeups()
+        self._clock = clock()
+        self._flush = self._wakeup()
+        self._coalesce = False
         self._wake = anyio.Event()
         self._closed = False
         self._reader = PipeReader(read_fd, self._on_data)
-        self._wakeup = wakeups()
-        self._clock = clock()
         self.dead: str | None = None
 
     # -- raw I/O -----------------------------------------------------------------------
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, *, queue: bool = False) -> None:
+        """Send whole frames without blocking; ``queue`` leaves them to the writer task."""
         if self._closed:
             raise _Broken
-        if self._backlog:
-            self._backlog.append(memoryview(data))
+        if self._backlog or queue:
+            if not self._backlog:
+                self._flush.set()
+            self._backlog.append(data)
             return
         try:
             written = os.write(self._wfd, data)
@@ -209,23 +220,29 @@ class Connection:
             self._flush.set()
 
     async def _writer(self) -> None:
+        backlog = self._backlog
         while True:
             await self._flush.wait()
-            self._flush = anyio.Event()
-            while self._backlog:
-                await anyio.wait_writable(self._wfd)
-                head = self._backlog[0]
+            self._flush = self._wakeup()
+            self._coalesce = False
+            while backlog:
+                batch = backlog[:_IOV_MAX]
                 try:
-                    written = os.write(self._wfd, head)
+                    written = os.writev(self._wfd, batch)
                 except BlockingIOError:
-                    continue
+                    written = 0
                 except OSError:
-                    self._backlog.clear()
+                    backlog.clear()
                     return
-                if written == len(head):
-                    self._backlog.pop(0)
-                else:
-                    self._backlog[0] = head[written:]
+                done = 0
+                while done < len(batch) and written >= len(batch[done]):
+                    written -= len(batch[done])
+                    done += 1
+                del backlog[:done]
+                if written:
+                    backlog[0] = memoryview(backlog[0])[written:]
+                if done < len(batch):  # the pipe is full
+                    await anyio.wait_writable(self._wfd)
 
     async def _read(self) -> bytes:
         """The next chunk from the capsule; ``b""`` at the end."""
@@ -306,7 +323,10 @@ class Connection:
     # -- serving -----------------------------------------------------------------------
 
     def _on_data(self, data: bytes) -> None:
-        for body in self._decoder.feed(data):
+        bodies = self._decoder.feed(data)
+        if len(bodies) > 1:  # many calls were in flight: their callers will call again
+            self._coalesce = True
+        for body in bodies:
             self._handle(body)
 
     async def run(self) -> None:
@@ -402,7 +422,10 @@ class Connection:
             self._wake.set()
         self._pending[call_id] = waiter
         try:
-            self._write(p.frame({"k": p.K_CALL, "id": call_id, "tool": tool, "args": encoded}))
+            self._write(
+                p.frame({"k": p.K_CALL, "id": call_id, "tool": tool, "args": encoded}),
+                queue=self._coalesce or len(self._pending) > 1,
+            )
         except _Broken:
             self._pending.pop(call_id, None)
             raise CapsuleCrashed(
