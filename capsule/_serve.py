@@ -121,6 +121,7 @@ class Capsule:
         self._lock = threading.Lock()
         self._targets: dict[str, _registry.Target] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._outbox: list[bytes] = []
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._workers = 0
         self._idle = 0
@@ -132,12 +133,32 @@ class Capsule:
 
     def write(self, body: bytes) -> None:
         """Write one frame (any thread)."""
-        data = HEADER.pack(len(body)) + body
-        view = memoryview(data)
+        self._write_frames(HEADER.pack(len(body)) + body)
+
+    def _write_frames(self, data: bytes) -> None:
+        """Write whole frames, never interleaved with another thread's."""
         with self._lock:
-            while view:
-                written = os.write(self._out, view)
-                view = view[written:]
+            written = os.write(self._out, data)
+            if written < len(data):
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(self._out, view) :]
+
+    def _queue_reply(self, body: bytes) -> None:
+        """Queue a reply from the loop while other calls are in flight.
+
+        Replies of tasks that finish in the same turn of the loop go out together on the
+        next turn: one write and one wake-up of the host instead of one per call.
+        """
+        self._outbox.append(HEADER.pack(len(body)) + body)
+        if len(self._outbox) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        self._write_frames(data)
 
     def send(self, value: dict[str, Any]) -> None:
         self.write(encode(value))
@@ -316,7 +337,10 @@ class Capsule:
                 )
             except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
                 body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
-            self.write(body)
+            if len(self._tasks) > 1 or self._outbox:  # other calls in flight
+                self._queue_reply(body)
+            else:
+                self.write(body)
         finally:
             self._tasks.pop(call_id, None)
 
