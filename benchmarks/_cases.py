@@ -131,11 +131,14 @@ class Worker:
         samples, cpu_self, cpu_children = self._ask("latency", calls, int(budget * 1e9))
         return samples, cpu_self, cpu_children
 
-    def burst(self, calls: int, inflight: int, budget: float) -> tuple[int, float]:
+    def burst(self, calls: int, inflight: int, budget: float) -> tuple[int, float, int, int]:
         """Up to ``calls`` calls from ``inflight`` concurrent callers, which stop starting
-        new calls once ``budget`` seconds have passed; (calls done, seconds in all)."""
-        done, seconds = self._ask("burst", calls, inflight, int(budget * 1e9))
-        return done, seconds
+        new calls once ``budget`` seconds have passed; (calls done, seconds in all, CPU
+        nanoseconds of the worker and of its children)."""
+        (done, seconds), cpu_self, cpu_children = self._ask(
+            "burst", calls, inflight, int(budget * 1e9)
+        )
+        return done, seconds, cpu_self, cpu_children
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, OSError):
@@ -197,7 +200,7 @@ class _Cpu:
         self._children = sum(_cpu_ns(pid) for pid in self._pids)
         self._me = time.process_time_ns()
 
-    def stop(self, samples: list[int]) -> list[Any]:
+    def stop(self, samples: Any) -> list[Any]:
         me = time.process_time_ns() - self._me
         children = sum(_cpu_ns(pid) for pid in self._pids) - self._children
         return [samples, me, children]
@@ -511,7 +514,8 @@ async def _serve_loop(name: str, project: Path) -> None:
                 cpu = _Cpu()
                 _answer(cpu.stop(await _latency(call, args[0], args[1])))
             elif command == "burst":
-                _answer(await _burst(call, args[0], args[1], args[2]))
+                cpu = _Cpu()
+                _answer(cpu.stop(await _burst(call, args[0], args[1], args[2])))
             else:
                 break
     _answer(None)

@@ -60,6 +60,9 @@ class Stats:
     rates: list[float] = field(default_factory=list[float])
     cpu_client: int = 0
     cpu_server: int = 0
+    burst_calls: int = 0
+    burst_cpu_client: int = 0
+    burst_cpu_server: int = 0
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -75,6 +78,8 @@ class Stats:
             out["calls_per_s"] = statistics.median(self.rates)
             out["calls_per_s_min"] = min(self.rates)
             out["calls_per_s_max"] = max(self.rates)
+            out["burst_cpu_client_us"] = self.burst_cpu_client / self.burst_calls / 1000
+            out["burst_cpu_server_us"] = self.burst_cpu_server / self.burst_calls / 1000
         return out
 
 
@@ -128,9 +133,15 @@ def measure(workers: list[Worker], args: argparse.Namespace) -> dict[str, Stats]
         for worker in order:
             if not worker.spec.concurrent or args.burst <= 0:
                 continue
-            done, seconds = worker.burst(args.burst, args.inflight, args.burst_time)
+            done, seconds, cpu_client, cpu_server = worker.burst(
+                args.burst, args.inflight, args.burst_time
+            )
             if counted:
-                stats[_name(worker)].rates.append(done / seconds)
+                row = stats[_name(worker)]
+                row.rates.append(done / seconds)
+                row.burst_calls += done
+                row.burst_cpu_client += cpu_client
+                row.burst_cpu_server += cpu_server
         if not args.json:
             print(f"\rround {round_no + 1}/{args.warmup + args.rounds}", end="", file=sys.stderr)
     if not args.json:
@@ -173,6 +184,7 @@ def targets(stats: dict[str, Stats], inflight: int) -> list[dict[str, Any]]:
 def report(result: dict[str, Any]) -> str:
     m = result["machine"]
     cfg = result["config"]
+    inflight = cfg["inflight"]
     lines = [
         f"{m['date']}  {m['cpu']}, {m['cores']} cores, load average {m['load_average']} "
         f"at the start, {m['load_average_end']} at the end",
@@ -181,19 +193,28 @@ def report(result: dict[str, Any]) -> str:
         + f"; {cfg['rounds']} rounds of batches of at most {cfg['calls']} sequential calls "
         f"or {cfg['batch_time'] * 1000:g} ms, bursts of at most {cfg['burst']} calls or "
         f"{cfg['burst_time'] * 1000:g} ms with {cfg['inflight']} in flight",
+        "cpu: CPU microseconds per call of the caller's process + the child processes",
         "",
-        f"{'case':<19} {'median us':>10} {'p99 us':>9} {'x pipe':>7} {'calls/s':>9} "
-        f"{'cpu us':>13}  what",
+        f"{'':<19} {'one call in flight':^46} {f'{inflight} in flight':^22}",
+        f"{'case':<19} {'median us':>10} {'p99 us':>9} {'x pipe':>7} {'cpu us':>17} "
+        f"{'calls/s':>9} {'cpu us':>13}",
     ]
     pipe = result["cases"].get("pipe", {}).get("median_us")
+    titles: list[str] = []
     for name, row in result["cases"].items():
-        median = row.get("median_us")
-        ratio = f"{median / pipe:7.2f}" if median is not None and pipe else f"{'':7}"
-        rate = f"{row['calls_per_s']:9,.0f}" if "calls_per_s" in row else f"{'':9}"
-        cpu = f"{row['cpu_client_us']:6.1f}+{row['cpu_server_us']:6.1f}"
-        lines.append(
-            f"{name:<19} {median:10.1f} {row['p99_us']:9.1f} {ratio} {rate} {cpu}  {row['title']}"
-        )
+        median = row["median_us"]
+        ratio = f"{median / pipe:7.2f}" if pipe else f"{'':7}"
+        cpu = f"{row['cpu_client_us']:8.1f}+{row['cpu_server_us']:8.1f}"
+        if "calls_per_s" in row:
+            burst = (
+                f"{row['calls_per_s']:9,.0f} "
+                f"{row['burst_cpu_client_us']:6.1f}+{row['burst_cpu_server_us']:6.1f}"
+            )
+        else:
+            burst = ""
+        lines.append(f"{name:<19} {median:10.1f} {row['p99_us']:9.1f} {ratio} {cpu} {burst}")
+        titles.append(f"  {name:<19} {row['title']}")
+    lines += ["", "cases:", *titles]
     if result["targets"]:
         lines.append("")
     for t in result["targets"]:
