@@ -85,11 +85,14 @@ class PipeReader:
             self._stop = None
 
     async def _run_generic(self) -> None:
+        fd = self._fd
         while not self._closed:
+            # Wait first: after a chunk the pipe is most likely empty, and a read that
+            # fails with EAGAIN costs a system call and an exception per call.
+            await anyio.wait_readable(fd)
             try:
-                data = os.read(self._fd, _CHUNK)
+                data = os.read(fd, _CHUNK)
             except BlockingIOError:
-                await anyio.wait_readable(self._fd)
                 continue
             except OSError:
                 return
