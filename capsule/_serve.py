@@ -106,6 +106,7 @@ def split_arguments(
 
 
 _Job = tuple[int, "_registry.Target", bytes]
+_EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
 
 
 class Capsule:
@@ -258,9 +259,13 @@ class Capsule:
                 self._submit((call_id, target, msg["args"]))
                 return
             assert self._loop is not None
+            # Where asyncio can (3.12+), the task's first step runs at once, so a tool
+            # that does not wait is answered in this turn of the loop, not the next.
+            task = asyncio.Task(self._run(call_id, target, msg["args"]), loop=self._loop, **_EAGER)
             # The task forgets itself when it ends (see _run): no done callback, which
             # would cost one more turn of the loop per call after the reply is written.
-            self._tasks[call_id] = self._loop.create_task(self._run(call_id, target, msg["args"]))
+            if not task.done():
+                self._tasks[call_id] = task
         elif kind == K_CANCEL:
             call_id = msg["id"]
             task = self._tasks.get(call_id)
@@ -337,7 +342,7 @@ class Capsule:
                 )
             except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
                 body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
-            if len(self._tasks) > 1 or self._outbox:  # other calls in flight
+            if len(self._tasks) - (call_id in self._tasks) or self._outbox:  # others in flight
                 self._queue_reply(body)
             else:
                 self.write(body)
