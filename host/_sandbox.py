@@ -137,7 +137,10 @@ class _Guest:
                 try:
                     view = view[os.write(self._wfd, view) :]
                 except BlockingIOError:
-                    await anyio.wait_writable(self._wfd)
+                    try:
+                        await anyio.wait_writable(self._wfd)
+                    except anyio.ClosedResourceError:
+                        raise _Dead from None
                 except OSError:
                     raise _Dead from None
 
@@ -149,7 +152,10 @@ class _Guest:
             try:
                 data = os.read(self._rfd, 1 << 18)
             except BlockingIOError:
-                await anyio.wait_readable(self._rfd)
+                try:
+                    await anyio.wait_readable(self._rfd)
+                except anyio.ClosedResourceError:  # closed by aclose() while a run reads
+                    return None
                 continue
             except OSError:
                 return None
@@ -370,27 +376,33 @@ class CodeSandbox:
         stream = guest.process.stderr
         assert stream is not None
         budget = 1024 * 1024
-        with contextlib.suppress(
-            anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
-        ):
-            while True:
-                data = await stream.receive(1 << 16)
-                guest.stderr_tail += data
-                del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
-                if budget > 0:
-                    budget -= len(data)
-                    self._events.emit(
-                        "console",
-                        self._session,
-                        stream="stderr",
-                        data=data.decode("utf-8", "replace"),
-                        capsule="sandbox",
-                    )
-        with anyio.CancelScope(shield=True):
-            await guest.process.wait()
-            with contextlib.suppress(OSError, anyio.BrokenResourceError):
-                await stream.aclose()
-            kill_tree(guest.process.pid)
+        try:
+            with contextlib.suppress(
+                anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+            ):
+                while True:
+                    data = await stream.receive(1 << 16)
+                    guest.stderr_tail += data
+                    del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
+                    if budget > 0:
+                        budget -= len(data)
+                        self._events.emit(
+                            "console",
+                            self._session,
+                            stream="stderr",
+                            data=data.decode("utf-8", "replace"),
+                            capsule="sandbox",
+                        )
+        finally:
+            # Also when the host's task group is cancelled: never leave the child running
+            # or its pipes to the garbage collector.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                if guest.process.returncode is None:
+                    kill_tree(guest.process.pid)
+                with contextlib.suppress(
+                    OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await guest.process.aclose()
             guest.exited.set()
 
     async def _discard(self, reason: str) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from host import CodeResult, Host
@@ -273,3 +274,45 @@ async def test_policy_denied_is_catchable(
             pytest.skip("the mediator does not evaluate policy rules yet (issue 4)")
         assert ok(result) == ["denied", "no-boom", "boom"]
         assert [(c.tool, c.decision, c.ok) for c in result.calls] == [("boom", "deny", False)]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+async def test_escalation_inside_code_waits_in_place(
+    make_project: Callable[..., Path], wasm_prepared: Any, answer: bool
+) -> None:
+    del wasm_prepared
+    policy = ALLOW_AGENT + textwrap.dedent(
+        """
+        [[rules]]
+        id = "count-needs-ok"
+        tools = ["count"]
+        callers = ["agent"]
+        decision = "escalate"
+        """
+    )
+    asked: list[str] = []
+
+    async def approver(request: Any) -> bool:
+        asked.append(request.tool)
+        await anyio.sleep(1.5)  # longer than code_timeout: waiting does not count
+        return answer
+
+    code = textwrap.dedent(
+        """
+        try:
+            outcome = await count()
+        except NotApproved as e:
+            outcome = "not approved"
+        outcome
+        """
+    )
+    async with Host.open(
+        project(make_project, policy), approver=approver, limits={"code_timeout": "1s"}
+    ) as host:
+        result = await host.run_code(code)
+        if not asked:
+            pytest.skip("the mediator does not escalate yet (issue 4)")
+        assert asked == ["count"]  # asked once: no replay
+        assert ok(result) == (1 if answer else "not approved")
+        # The approved call ran exactly once; a denied one never ran.
+        assert await host.call("count") == (2 if answer else 1)
