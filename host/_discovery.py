@@ -518,7 +518,8 @@ class _Finder:
 
 
 def _tool_name(file: str, export: str, member: str | None) -> tuple[str, bool]:
-    if export in _SHADOWED:
+    # Dunder names (``__builtins__``, ``__name__``) are the scope's own machinery.
+    if export in _SHADOWED or (export.startswith("__") and export.endswith("__")):
         base = f"tools.{file}.{export}"
         return (base if member is None else f"{base}.{member}"), False
     return (export if member is None else f"{export}.{member}"), True

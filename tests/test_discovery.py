@@ -896,3 +896,19 @@ def test_a_spurious_ast_error_of_cpython_311_is_retried(
     with pytest.raises(DeclarationError, match="cannot parse tool file") as info:
         tools(m="def f() -> None: ...\n")
     assert info.value.file is not None and info.value.file.endswith("m.py")
+
+
+def test_dunder_exports_never_become_globals(tools: Callable[..., Discovery]) -> None:
+    # Only reachable through __all__; installed, one would replace the agent scope's
+    # own __builtins__ or __name__.
+    found = tools(
+        m="""
+        def __builtins__() -> None: ...
+        def __name__() -> None: ...
+        def fine() -> None: ...
+
+        __all__ = ["__builtins__", "__name__", "fine"]
+        """
+    )
+    assert names(found) == ["fine", "tools.m.__builtins__", "tools.m.__name__"]
+    assert not found.tools["tools.m.__builtins__"].installed
