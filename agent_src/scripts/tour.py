@@ -1,6 +1,7 @@
 """A tour of the example tools: run it with ``toolhost run agent_src/scripts/tour.py``.
 
-Every tool is a global here and every call is awaited, exactly as in agent code.
+Every tool is a global here and every call is awaited, exactly as in agent code. Each
+call passes the policy in ``agent_src/policy.toml`` (this script's caller is ``script``).
 """
 
 print("now:", await now())
@@ -14,6 +15,20 @@ await kanban.add("write the docs")
 task = await kanban.add("ship the release")
 await kanban.close(task["id"])
 print("open tasks:", [t["title"] for t in await kanban.list("open")])
+
+# Rule "many-dice" escalates: at a terminal you are asked; without one, nobody can
+# answer, so the call is not approved and does not run.
+try:
+    r = await roll(60)
+    print(f"escalated and approved: 60 dice for a total of {r['total']}")
+except NotApproved as exc:
+    print("escalated and not approved:", exc.reason, f"({exc.detail})")
+
+# Rule "too-many" denies: the call never reaches the tool.
+try:
+    await roll(500)
+except PolicyDenied as exc:
+    print(f"denied by rule {exc.rule}: {exc.reason}")
 
 try:
     await kanban.close("no-such-task")
