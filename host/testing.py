@@ -84,18 +84,21 @@ class InProcessTransport:
         target = self._targets[tool]
         args, kwargs = split_arguments(target.params, p.decode(encoded))
         self.calls += 1
+        cancelled = anyio.get_cancelled_exc_class()
         try:
-            with anyio.fail_after(timeout):
+            with anyio.move_on_after(timeout) as scope:
                 if target.is_async:
                     result = await target.fn(*args, **kwargs)
                 else:
                     result = await anyio.to_thread.run_sync(lambda: target.fn(*args, **kwargs))
+            if scope.cancelled_caught:
+                raise ToolTimeout(tool, timeout=timeout)
             body = p.encode(to_plain(result))
-        except TimeoutError:
-            raise ToolTimeout(tool, timeout=timeout) from None
+        except (ToolTimeout, cancelled):
+            raise
         except NotPlainData as exc:
             raise NotSerializable(tool, type_name=exc.type_name, path=exc.path) from None
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit in a tool is a ToolError, as in a capsule
             error = error_data(exc)
             raise ToolError(
                 tool,

@@ -237,30 +237,12 @@ async def test_a_slow_async_tool_times_out(project: Path) -> None:
         assert info.value.timeout == 0.2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "host/testing.py InProcessTransport.call: 'except TimeoutError' around the tool "
-        "also catches a TimeoutError the tool raised itself, reporting ToolTimeout where "
-        "the real capsule reports ToolError. Check whether anyio.fail_after's scope "
-        "expired (scope.cancelled_caught) instead."
-    ),
-)
 async def test_a_tool_raising_timeout_error_is_a_tool_error(host: Host) -> None:
     with pytest.raises(ToolError) as info:
         await host.call("own_timeout")
     assert info.value.type_name == "TimeoutError"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "host/testing.py InProcessTransport.call: 'except Exception' lets SystemExit from "
-        "sys.exit() in a tool escape through the host to the caller; DESIGN.md section 6 "
-        "says it is a ToolError (as capsule/_serve.py does). Catch BaseException there, "
-        "re-raising only cancellation."
-    ),
-)
 async def test_sys_exit_in_a_tool_is_a_tool_error(project: Path) -> None:
     async with Host.open(project, capsule=in_process()) as h:
         with pytest.raises(ToolError) as info:
