@@ -85,6 +85,7 @@ class InProcessTransport:
         args, kwargs = split_arguments(target.params, p.decode(encoded))
         self.calls += 1
         cancelled = anyio.get_cancelled_exc_class()
+        result: Any = None
         try:
             with anyio.move_on_after(timeout) as scope:
                 if target.is_async:
