@@ -18,7 +18,7 @@ the host is rebuilt from strings only. Runs under CPython-WASI (with the asyncio
 
 from __future__ import annotations
 
-import ast
+import _ast  # the C module: ``ast.py`` itself costs start-up time under WASI
 import asyncio
 import builtins
 import collections.abc
@@ -26,10 +26,9 @@ import linecache
 import os
 import sys
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 from . import _wasi
-from ._convert import NotPlainData, to_plain
 from .protocol import (
     HEADER,
     K_DONE,
@@ -565,13 +564,16 @@ class Sandbox:
         )
 
     async def _evaluate(self, source: str, filename: str) -> Any:
-        tree = ast.parse(source, filename, "exec")
-        last: ast.Expression | None = None
+        flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree = compile(
+            source, filename, "exec", flags=flags | _ast.PyCF_ONLY_AST, dont_inherit=True
+        )
+        assert isinstance(tree, _ast.Module)
+        last: _ast.Expression | None = None
         tail = tree.body[-1] if tree.body else None
-        if isinstance(tail, ast.Expr):
+        if isinstance(tail, _ast.Expr):
             tree.body.pop()
-            last = ast.Expression(tail.value)
-        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+            last = _ast.Expression(tail.value)
         code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
         result = eval(code, self.namespace)  # the agent's code, in this sandbox only
         if code.co_flags & _CO_COROUTINE:
@@ -597,18 +599,33 @@ class Sandbox:
         self._waiting.clear()
 
     def _plain(self, value: Any) -> tuple[Any, str | None]:
+        kind = cast("type[object]", type(value))
+        if value is None or kind is bool or kind is float:
+            return value, None
+        if kind is int and -(2**63) <= value < 2**64:
+            return value, None
+        if kind is str:
+            return (value, None) if len(value) <= self.max_output else self._big()
+        from ._convert import NotPlainData, to_plain  # on first use: it imports a lot
+
         try:
             plain = to_plain(value, "value")
         except NotPlainData as exc:
-            text = _text(repr(value) if not isinstance(value, str) else value)
+            try:
+                text = _text(repr(value))
+            except BaseException as error:  # a hostile or huge object: its repr fails
+                text = f"<unrepresentable: {type(error).__name__}>"
             return text, (
                 f"the value is a {exc.type_name}, which is not plain data; its repr is shown"
             )
         except BaseException as exc:  # a hostile object: never let it escape
             return None, f"the value could not be converted: {type(exc).__name__}"
         if len(encode(plain)) > self.max_output:
-            return None, f"the value is larger than {self.max_output} bytes; it is not returned"
+            return self._big()
         return plain, None
+
+    def _big(self) -> tuple[None, str]:
+        return None, f"the value is larger than {self.max_output} bytes; it is not returned"
 
 
 _SANDBOX = Sandbox()

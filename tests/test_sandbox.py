@@ -316,3 +316,23 @@ async def test_escalation_inside_code_waits_in_place(
         assert ok(result) == (1 if answer else "not approved")
         # The approved call ran exactly once; a denied one never ran.
         assert await host.call("count") == (2 if answer else 1)
+
+
+async def test_awkward_values_and_deep_recursion(proj: Path) -> None:
+    async with Host.open(proj) as host:
+        assert ok(await host.run_code("2 ** 64 - 1")) == 2**64 - 1
+        huge = await host.run_code("10 ** 5000")
+        assert huge.ok and huge.value == "<unrepresentable: ValueError>"
+        assert ok(await host.run_code("b'\\x00\\xff'")) == b"\x00\xff"
+        assert ok(await host.run_code("(1, [2.5, None], {'k': True})")) == [
+            1,
+            [2.5, None],
+            {"k": True},
+        ]
+        recursion = await host.run_code("def f(n):\n    return f(n + 1)\nf(0)")
+        assert recursion.error is not None and recursion.error.type == "RecursionError"
+        deeper = await host.run_code(
+            "import sys\nsys.setrecursionlimit(10**6)\ndef g(n):\n    return g(n + 1)\ng(0)"
+        )
+        assert not deeper.ok  # a RecursionError, or a stack-exhaustion trap: never the host
+        assert ok(await host.run_code("await add(1, 1)")) == 2
