@@ -17,6 +17,7 @@ Any failure raises :class:`DeclarationError`: there is never a partial scope.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -27,7 +28,7 @@ from ._docstrings import parse_docstring
 from ._scope import ParamDecl, Scope, ToolDecl, TypeDecl
 from ._shapes import Shapes
 from ._typeexpr import STDLIB_NAMES, VOCABULARY, Canonical, Dangling, Opaque, canonicalise
-from ._typeindex import External, Ref, TypeIndex
+from ._typeindex import External, Ref, TypeIndex, parse_type
 from .errors import DeclarationError
 
 __all__ = ["PROBE", "build_scope", "probe_source", "Runner"]
@@ -38,17 +39,20 @@ _ROOT: Final = Path(__file__).resolve().parent.parent
 _CORE: Final = frozenset(
     {"int", "str", "float", "bool", "bytes", "list", "dict", "set", "frozenset", "tuple"}
     | {"type", "object", "Any", "Unknown", "Literal", "Never", "NoReturn", "LiteralString"}
+    | {"None", "CoroutineType"}
 )
 
-Runner = Callable[..., Sequence[_pyright.Diagnostic]]
-"""``_pyright.run``'s signature; tests pass a counting wrapper."""
+_WORDS = re.compile(r"[A-Za-z_]\w*")
+Runner = Callable[..., _pyright.Run]
+"""``_pyright.start``'s signature; tests pass a counting wrapper."""
 
 
 def _target(spec: ToolSpec, index: TypeIndex) -> str:
     """The expression the probe assigns for ``spec``."""
     home = index.module_of(spec.source)
     if spec.member is not None:  # a SimpleNamespace member is Any to pyright: probe its def
-        function = index.modules[home].functions.get(spec.line)
+        module = index.module(home)
+        function = module.functions.get(spec.line) if module is not None else None
         if function is not None:
             return f"tools.{home}.{function}"
     return "tools." + ".".join(spec.path)
@@ -70,12 +74,19 @@ def probe_source(discovery: Discovery, index: TypeIndex) -> tuple[str, dict[int,
 def build_scope(discovery: Discovery, *, key: str = "", runner: Runner | None = None) -> Scope:
     """Declare every tool of ``discovery``. Raises :class:`DeclarationError`."""
     index = TypeIndex(discovery.tools_dir)
+    if not discovery.tools:
+        return Scope((), (), _pyright.version(), key)
     probe, where = probe_source(discovery, index)
-    diagnostics = (runner or _pyright.run)(
+    pending = (runner or _pyright.start)(
         {PROBE: probe},
         include=[discovery.tools_dir],
         extra_paths=[discovery.tools_dir.parent, _ROOT],
     )
+    try:
+        index.modules  # noqa: B018 - parse every tool file while pyright runs
+        diagnostics = pending.wait()
+    finally:
+        pending.cancel()
     printed = _read_probe(diagnostics, where, probe)
     builder = _Builder(discovery, index)
     tools = tuple(builder.tool(spec, printed.get(spec.name)) for spec in discovery.tools.values())
@@ -113,6 +124,17 @@ class _Builder:
         self.shapes = Shapes(index, self.declare)
         self.queue: list[Ref] = []
         self.seen: set[Ref] = set()
+        self.memo: dict[tuple[str, str, bool], tuple[str, tuple[str, ...]]] = {}
+        self.tools_dir = discovery.tools_dir.resolve()
+
+    def relative(self, path: Path) -> str:
+        """A tool file's path relative to the tools folder (they all live directly in it)."""
+        if path.parent == self.discovery.tools_dir or path.parent == self.tools_dir:
+            return path.name
+        try:
+            return path.resolve().relative_to(self.tools_dir).as_posix()
+        except ValueError:
+            return path.name
 
     def declare(self, ref: Ref) -> str | Opaque:
         kind = self.shapes.kind(ref)
@@ -155,12 +177,20 @@ class _Builder:
         home = self.index.module_of(spec.source)
         try:
             if text is not None:
-                return canonicalise(
-                    _pyright.python_text(text),
-                    self.printed(home),
-                    self.declare,
-                    returning=returning,
-                )
+                # Most tools share most types: canonicalise each once per module, or once
+                # at all when it names only builtins.
+                local = not _WORDS.findall(text) or not set(_WORDS.findall(text)) <= _CORE
+                key = (home if local else "", text, returning)
+                if key not in self.memo:
+                    got = canonicalise(
+                        _pyright.python_text(text),
+                        self.printed(home),
+                        self.declare,
+                        returning=returning,
+                    )
+                    self.memo[key] = (got.text, tuple(got.notes))
+                canonical, notes = self.memo[key]
+                return Canonical(canonical, list(notes))
             if source is not None:
                 return self.shapes.canonical(home, source)
         except Dangling as exc:
@@ -236,7 +266,7 @@ class _Builder:
             export=spec.export,
             member=spec.member,
             installed=spec.installed,
-            source=_relative(spec.source, self.discovery.tools_dir),
+            source=self.relative(spec.source),
             line=spec.line,
             params=tuple(params),
             returns=got.text,
@@ -254,9 +284,9 @@ class _Builder:
         while i < len(self.queue):
             ref = self.queue[i]
             i += 1
-            path = self.index.modules[ref.module].path
+            path = self.index.paths[ref.module]
             try:
-                decl = self.shapes.read(ref, ref.name, _relative(path, self.discovery.tools_dir))
+                decl = self.shapes.read(ref, ref.name, self.relative(path))
             except Dangling as exc:
                 raise DeclarationError(
                     f"type {ref.name} mentions {exc.name}, which no file in the tools folder "
@@ -300,18 +330,11 @@ def _words(texts: Sequence[str]) -> set[str]:
     words: set[str] = set()
     for text in texts:
         try:
-            tree = ast.parse(text, mode="eval")
+            tree = parse_type(text)
         except SyntaxError:
             continue
         words.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
     return words
-
-
-def _relative(path: Path, tools_dir: Path) -> str:
-    try:
-        return path.resolve().relative_to(tools_dir.resolve()).as_posix()
-    except ValueError:
-        return path.name
 
 
 def _dependency_order(decls: Mapping[str, TypeDecl]) -> tuple[TypeDecl, ...]:

@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,11 @@ from .errors import DeclarationError
 __all__ = [
     "SETTINGS",
     "Diagnostic",
+    "Run",
     "SigParam",
     "Signature",
     "version",
+    "start",
     "run",
     "declared_type",
     "parse_signature",
@@ -113,20 +116,68 @@ def version() -> str:
         return "unknown"
 
 
-def run(
+class Run:
+    """A pyright process checking a folder: started by :func:`start`, read by :meth:`wait`.
+
+    Starting and waiting are apart so the caller can do its own work meanwhile (a scope
+    build parses the tool files while pyright runs).
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], root: Path, timeout: float) -> None:
+        self._process = process
+        self._root = root
+        self._timeout = timeout
+
+    def wait(self) -> list[Diagnostic]:
+        """The diagnostics. Raises :class:`DeclarationError` if pyright failed."""
+        try:
+            try:
+                stdout, stderr = self._process.communicate(timeout=self._timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise DeclarationError(f"pyright took longer than {self._timeout:g} s") from exc
+            return self._read(stdout, stderr)
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Stop pyright if it still runs, and remove its folder."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.communicate()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def _read(self, stdout: bytes, stderr: bytes) -> list[Diagnostic]:
+        code = self._process.returncode
+        if code not in (0, 1):
+            detail = (stderr or stdout).decode(errors="replace").strip()[-2000:]
+            raise DeclarationError(f"pyright failed (exit {code}): {detail}")
+        try:
+            report = _Report.model_validate_json(stdout)
+        except ValidationError as exc:
+            raise DeclarationError(f"pyright's report is unreadable: {exc}") from exc
+        prefix = str(self._root.resolve()) + os.sep
+        out: list[Diagnostic] = []
+        for d in report.generalDiagnostics:
+            name = d.file.removeprefix(prefix) if d.file.startswith(prefix) else d.file
+            line = d.range.start.line + 1 if d.range is not None else 0
+            out.append(Diagnostic(name, line, d.severity, d.message, d.rule))
+        return out
+
+
+def start(
     files: Mapping[str, str],
     *,
     include: Sequence[Path] = (),
     extra_paths: Sequence[Path] = (),
     settings: Mapping[str, Any] = SETTINGS,
     timeout: float = 300.0,
-) -> list[Diagnostic]:
-    """Check ``files`` (name -> text, written to a fresh folder) and ``include`` together.
+) -> Run:
+    """Start checking ``files`` (name -> text, written to a fresh folder) with ``include``.
 
-    Raises :class:`DeclarationError` when pyright cannot run or its report is unreadable.
+    Raises :class:`DeclarationError` when pyright cannot start.
     """
-    with tempfile.TemporaryDirectory(prefix="toolhost-pyright-") as tmp:
-        root = Path(tmp)
+    root = Path(tempfile.mkdtemp(prefix="toolhost-pyright-"))
+    try:
         for name, text in files.items():
             (root / name).write_text(text, encoding="utf-8")
         config = {
@@ -139,26 +190,32 @@ def run(
         command = [sys.executable, "-m", "pyright", "--outputjson", "-p", str(root)]
         command += ["--pythonpath", sys.executable]
         env = {**os.environ, "PYRIGHT_PYTHON_IGNORE_WARNINGS": "1"}
-        try:
-            done = subprocess.run(
-                command, cwd=root, env=env, capture_output=True, timeout=timeout, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise DeclarationError(f"pyright could not run: {exc}") from exc
-        if done.returncode not in (0, 1):
-            detail = (done.stderr or done.stdout).decode(errors="replace").strip()[-2000:]
-            raise DeclarationError(f"pyright failed (exit {done.returncode}): {detail}")
-        try:
-            report = _Report.model_validate_json(done.stdout)
-        except ValidationError as exc:
-            raise DeclarationError(f"pyright's report is unreadable: {exc}") from exc
-        prefix = str(root.resolve()) + os.sep
-        out: list[Diagnostic] = []
-        for d in report.generalDiagnostics:
-            name = d.file.removeprefix(prefix) if d.file.startswith(prefix) else d.file
-            line = d.range.start.line + 1 if d.range is not None else 0
-            out.append(Diagnostic(name, line, d.severity, d.message, d.rule))
-        return out
+        process = subprocess.Popen(
+            command,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        raise DeclarationError(f"pyright could not run: {exc}") from exc
+    return Run(process, root, timeout)
+
+
+def run(
+    files: Mapping[str, str],
+    *,
+    include: Sequence[Path] = (),
+    extra_paths: Sequence[Path] = (),
+    settings: Mapping[str, Any] = SETTINGS,
+    timeout: float = 300.0,
+) -> list[Diagnostic]:
+    """:func:`start`, then wait for the diagnostics."""
+    return start(
+        files, include=include, extra_paths=extra_paths, settings=settings, timeout=timeout
+    ).wait()
 
 
 def is_fatal(diagnostic: Diagnostic) -> bool:

@@ -25,6 +25,7 @@ import jsonschema.validators
 from jsonschema import Draft202012Validator, TypeChecker
 
 from ._scope import Scope, ToolDecl, TypeDecl
+from ._typeindex import parse_type
 from .errors import InvalidArguments
 
 __all__ = ["type_schema", "input_schema", "output_schema", "tool_schemas", "ArgumentValidator"]
@@ -47,7 +48,7 @@ class _Builder:
         self.defs: dict[str, dict[str, Any]] = {}
 
     def text(self, text: str) -> dict[str, Any]:
-        return self.node(ast.parse(text, mode="eval").body)
+        return self.node(parse_type(text))
 
     def node(self, node: ast.expr) -> dict[str, Any]:
         if isinstance(node, ast.Constant) and node.value is None:

@@ -12,8 +12,8 @@ names of the referenced types in :attr:`Scope.types`, which come in dependency o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, cast
 
 __all__ = ["ParamDecl", "ToolDecl", "FieldDecl", "TypeDecl", "Scope", "TypeKind"]
 
@@ -178,27 +178,68 @@ class Scope:
     # -- plain data (the cache) ---------------------------------------------------------
 
     def to_data(self) -> dict[str, Any]:
+        """Plain JSON data (``dataclasses.asdict`` deep-copies: too slow for big scopes)."""
+
+        def plain(decl: Any) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for f in fields(decl):
+                name = f.name
+                value = getattr(decl, name)
+                if isinstance(value, tuple):
+                    items = cast("tuple[Any, ...]", value)
+                    value = [plain(v) if hasattr(v, "__dataclass_fields__") else v for v in items]
+                out[name] = value
+            return out
+
         return {
-            "tools": [asdict(t) for t in self.tools],
-            "types": [asdict(t) for t in self.types],
+            "tools": [plain(t) for t in self.tools],
+            "types": [plain(t) for t in self.types],
             "pyright": self.pyright,
             "key": self.key,
         }
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Scope:
-        """Rebuild a scope from :meth:`to_data`. Raises on any malformed part."""
-        tools: list[ToolDecl] = []
-        for t in data["tools"]:
-            fields: dict[str, Any] = dict(t)
-            fields["params"] = tuple(ParamDecl(**p) for p in t["params"])
-            fields["notes"] = tuple(t["notes"])
-            tools.append(ToolDecl(**fields))
-        types: list[TypeDecl] = []
-        for t in data["types"]:
-            fields = dict(t)
-            fields["fields"] = tuple(FieldDecl(**f) for f in t["fields"])
-            for name in ("constraints", "params", "notes"):
-                fields[name] = tuple(t[name])
-            types.append(TypeDecl(**fields))
-        return cls(tuple(tools), tuple(types), str(data["pyright"]), str(data["key"]))
+        """Rebuild a scope from :meth:`to_data`. Raises on any malformed part.
+
+        Positional construction: a warm start rebuilds thousands of these.
+        """
+        tools = tuple(
+            ToolDecl(
+                t["name"],
+                t["qualified"],
+                t["file"],
+                t["export"],
+                t["member"],
+                t["installed"],
+                t["source"],
+                t["line"],
+                tuple(
+                    ParamDecl(p["name"], p["kind"], p["type"], p["default"], p["description"])
+                    for p in t["params"]
+                ),
+                t["returns"],
+                t["docstring"],
+                t["inferred"],
+                tuple(t["notes"]),
+                t["summary"],
+                t["returns_description"],
+            )
+            for t in data["tools"]
+        )
+        types = tuple(
+            TypeDecl(
+                t["name"],
+                t["kind"],
+                t["source"],
+                t["line"],
+                t["docstring"],
+                tuple(FieldDecl(f["name"], f["type"], f["required"]) for f in t["fields"]),
+                t["value"],
+                tuple(t["constraints"]),
+                tuple(t["params"]),
+                tuple(t["notes"]),
+            )
+            for t in data["types"]
+        )
+        return cls(tools, types, str(data["pyright"]), str(data["key"]))

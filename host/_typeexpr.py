@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ._typeindex import External, Ref
+from ._typeindex import External, Ref, parse_type
 
 __all__ = ["Opaque", "Dangling", "Canonical", "canonicalise", "STDLIB_NAMES", "VOCABULARY"]
 
@@ -153,7 +153,7 @@ class _Canon:
                 return ast.Constant(None)
             if isinstance(node.value, str):  # a forward reference
                 try:
-                    return self.expr(ast.parse(node.value.strip(), mode="eval").body)
+                    return self.expr(parse_type(node.value.strip()))
                 except SyntaxError:
                     return self.opaque(f"cannot read the annotation {node.value!r}")
             return self.opaque(f"{ast.unparse(node)} is not a type")
@@ -252,7 +252,7 @@ def canonicalise(
     canon = _Canon(resolve, declare, returning)
     if isinstance(source, str):
         try:
-            node = ast.parse(source.strip(), mode="eval").body
+            node = parse_type(source.strip())
         except SyntaxError:
             canon.opaque(f"the type {source} has no plain-data form")
             return Canonical("Any", canon.notes)

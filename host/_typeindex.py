@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import DeclarationError
 
-__all__ = ["Ref", "External", "Local", "ModuleIndex", "TypeIndex"]
+__all__ = ["Ref", "External", "Local", "ModuleIndex", "TypeIndex", "parse", "parse_type"]
 
 Local = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign | ast.AnnAssign
 """A statement of the tools folder that binds a name."""
@@ -90,11 +90,35 @@ def _import_from(node: ast.ImportFrom) -> Iterator[tuple[str, _Import]]:
             yield local, _Import(module, alias.name, False)
 
 
+def parse(source: str, filename: str = "<type>", mode: str = "exec") -> ast.AST:
+    """``ast.parse``, retried when CPython 3.11 fails it spuriously under threads.
+
+    3.11 keeps the AST builder's recursion counter per interpreter, so a parse racing
+    another thread's can fail with "AST constructor recursion depth mismatch"
+    (python/cpython#106905); scopes are built on worker threads, so parse again.
+    """
+    for attempt in range(3):
+        try:
+            return ast.parse(source, filename=filename, mode=mode)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_type(text: str) -> ast.expr:
+    """A type expression's ``ast``. Raises SyntaxError."""
+    tree = parse(text, mode="eval")
+    assert isinstance(tree, ast.Expression)
+    return tree.body
+
+
 def _index(name: str, path: Path) -> ModuleIndex:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        tree = parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, SystemError) as exc:
         raise DeclarationError(f"cannot read tool file: {exc}", file=str(path)) from exc
+    assert isinstance(tree, ast.Module)
     mod = ModuleIndex(name, path, tree)
     bind = mod.bindings
     for node in _statements(tree.body):
@@ -121,26 +145,38 @@ def _index(name: str, path: Path) -> ModuleIndex:
 
 
 class TypeIndex:
-    """Every file of one tools folder, indexed by module name."""
+    """Every file of one tools folder, indexed by module name, each parsed when first needed."""
 
     def __init__(self, tools_dir: Path) -> None:
         self.tools_dir = tools_dir
-        self.modules: dict[str, ModuleIndex] = {
-            path.stem: _index(path.stem, path) for path in sorted(tools_dir.glob("*.py"))
-        }
+        self.paths: dict[str, Path] = {p.stem: p for p in sorted(tools_dir.glob("*.py"))}
+        self._parsed: dict[str, ModuleIndex] = {}
+
+    def module(self, name: str) -> ModuleIndex | None:
+        parsed = self._parsed.get(name)
+        if parsed is None and name in self.paths:
+            parsed = self._parsed[name] = _index(name, self.paths[name])
+        return parsed
+
+    @property
+    def modules(self) -> list[ModuleIndex]:
+        """Every module, parsed."""
+        return [m for name in self.paths if (m := self.module(name)) is not None]
 
     def module_of(self, path: Path) -> str:
         """The module name of a file of the tools folder."""
         return path.stem
 
     def definition(self, ref: Ref) -> Local:
-        node = self.modules[ref.module].bindings[ref.name]
+        mod = self.module(ref.module)
+        assert mod is not None
+        node = mod.bindings[ref.name]
         assert not isinstance(node, _Import)
         return node
 
     def lookup(self, module: str, name: str, depth: int = 0) -> Ref | External | None:
         """What ``name`` is bound to in ``module``, following sibling imports."""
-        mod = self.modules.get(module)
+        mod = self.module(module)
         if mod is None or depth > 50:
             return None
         bound = mod.bindings.get(name)
@@ -177,13 +213,13 @@ class TypeIndex:
         """Every top-level definition (not import) of ``name`` in the tools folder."""
         return [
             Ref(mod.name, name)
-            for mod in self.modules.values()
+            for mod in self.modules
             if name in mod.bindings and not isinstance(mod.bindings[name], _Import)
         ]
 
     def imported_anywhere(self, name: str) -> External | None:
         """``name`` as imported by name from outside the tools folder by any file."""
-        for mod in self.modules.values():
+        for mod in self.modules:
             bound = mod.bindings.get(name)
             if isinstance(bound, _Import) and not bound.sibling and bound.name is not None:
                 return External(bound.module, bound.name)

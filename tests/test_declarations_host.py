@@ -54,13 +54,13 @@ def runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Sequence[Path]
     """Every pyright run, counted; a private scope cache for the test."""
     monkeypatch.setenv("TOOLHOST_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[Sequence[Path]] = []
-    real = _pyright.run
+    real = _pyright.start
 
-    def counting(*args: Any, **kwargs: Any) -> list[_pyright.Diagnostic]:
+    def counting(*args: Any, **kwargs: Any) -> _pyright.Run:
         seen.append(kwargs.get("include", ()))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_pyright, "run", counting)
+    monkeypatch.setattr(_pyright, "start", counting)
     return seen
 
 
