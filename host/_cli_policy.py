@@ -15,6 +15,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
+
 from ._approval import DenyAll
 from ._config import load_policy
 from ._discovery import discover
@@ -22,6 +25,7 @@ from ._events import EventBus
 from ._mediator import Mediator
 from ._policy import PolicySource
 from ._project import Project, resolve_project
+from ._scope_cache import load_or_build_scope
 from ._store import SQLiteStore, StoreUnavailable
 from .errors import HostError
 
@@ -72,9 +76,12 @@ async def _check(args: argparse.Namespace) -> int:
     project = _resolve(args)
     config = load_policy(project.policy_files, root=project.root)
     source = PolicySource(config)
-    mediator = Mediator(  # for its exact lookup and binding; it never dispatches here
-        discover(project.tools_dir),
+    discovery = discover(project.tools_dir)
+    scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+    mediator = Mediator(  # for its exact lookup, binding and validation; it never dispatches
+        discovery,
         config,
+        scope=scope,
         policy=source,
         store=SQLiteStore(project.state_dir / "state.db"),  # never opened
         approver=DenyAll(),

@@ -321,9 +321,16 @@ async def test_remember_a_denial_for_the_session(desk: Callable[..., Desk]) -> N
     assert len(approver.requests) == 1 and d.ran() == []
 
 
-async def test_always_survives_a_restart(desk: Callable[..., Desk]) -> None:
+CAPSULES = [
+    pytest.param(in_process(), id="twin"),
+    pytest.param(None, id="subprocess", marks=pytest.mark.subprocess),
+]
+
+
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_always_survives_a_restart(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk()
-    async with d.open(Recorder(Approval(True, "always"))) as host:
+    async with d.open(Recorder(Approval(True, "always")), capsule=capsule) as host:
         await host.call("launch", "a")
         (grant,) = await host.store.grants()
         assert (grant.tool, grant.caller, grant.allow, grant.scope) == (
@@ -334,7 +341,7 @@ async def test_always_survives_a_restart(desk: Callable[..., Desk]) -> None:
         )
         assert grant.summary == 'target="a"'
     approver = Recorder(True)
-    async with d.open(approver) as host:  # a new host on the same project
+    async with d.open(approver, capsule=capsule) as host:  # a new host on the same project
         await host.call("launch", "a")
         assert approver.requests == []
         (record,) = await host.store.tail(1)
@@ -407,8 +414,9 @@ def _sha_of(target: str) -> str:
 # -- binding: what runs is exactly what was approved, once --------------------------------
 
 
+@pytest.mark.parametrize("capsule", CAPSULES)
 async def test_mutating_arguments_after_the_request_changes_nothing(
-    desk: Callable[..., Desk],
+    desk: Callable[..., Desk], capsule: Any
 ) -> None:
     d = desk()
     items = [1, 2, 3]
@@ -422,15 +430,16 @@ async def test_mutating_arguments_after_the_request_changes_nothing(
         shown["note"]["to"] = "attacker"  # type: ignore[index]
         return request.allow()
 
-    async with d.open(tamper) as host:
+    async with d.open(tamper, capsule=capsule) as host:
         result = await host.call("record", items, note, text="hello")
     expected = {"items": [1, 2, 3], "note": {"to": "ops"}, "text": "hello"}
     assert result == expected
     assert d.ran() == [{"record": expected}]
 
 
+@pytest.mark.parametrize("capsule", CAPSULES)
 async def test_an_approval_replayed_for_another_call_does_nothing(
-    desk: Callable[..., Desk],
+    desk: Callable[..., Desk], capsule: Any
 ) -> None:
     d = desk()
     saved: list[Approval] = []
@@ -440,7 +449,7 @@ async def test_an_approval_replayed_for_another_call_does_nothing(
             saved.append(request.allow())
         return saved[0]
 
-    async with d.open(replay) as host:
+    async with d.open(replay, capsule=capsule) as host:
         assert await host.call("launch", "a") == "launched a"
         with pytest.raises(NotApproved) as info:
             await host.call("launch", "a")  # the same arguments, another call

@@ -127,6 +127,9 @@ def test_check_refuses_what_a_call_would_refuse(desk: Callable[..., Desk]) -> No
     invalid = toolhost("policy", "check", "launch", "a", "b", "--json", project=d.root)
     assert invalid.returncode == 1
     assert as_json(invalid)["error"]["kind"] == "invalid_arguments"
+    typed = toolhost("policy", "check", "launch", "5", "--json", project=d.root)  # not a str
+    assert typed.returncode == 1
+    assert as_json(typed)["error"]["kind"] == "invalid_arguments"
     usage = toolhost("policy", "check", "launch", "--caller", "root", project=d.root)
     assert usage.returncode == 2
     assert toolhost("policy", project=None).returncode == 2
