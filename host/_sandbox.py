@@ -538,6 +538,7 @@ class CodeSandbox:
                 break
             kind = msg.get("k")
             if kind == p.K_USE:
+                call_id, tool, args, kwargs = self._check_use(msg)
                 if msg.get("run") != run.id:
                     continue  # left over from an earlier run: it gets no answer
                 run.made += 1
@@ -548,7 +549,6 @@ class CodeSandbox:
                     )
                     guest.kill("too many tool calls")
                     break
-                call_id, tool, args, kwargs = self._check_use(msg)
                 scope = anyio.CancelScope()
                 run.scopes[call_id] = scope
                 run.inflight += 1
@@ -572,6 +572,8 @@ class CodeSandbox:
         args, kwargs = msg.get("args"), msg.get("kwargs")
         if type(call_id) is not int or type(tool) is not str or len(tool) > 512:
             raise p.BadFrame("use frames carry an int id and a tool name")
+        if type(msg.get("run")) is not int:
+            raise p.BadFrame("use frames carry the int id of their run")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise p.BadFrame("use frames carry args as a list and kwargs as a map")
         p.check_plain(args)

@@ -316,3 +316,47 @@ async def test_floods_and_storms_are_bounded(
         assert forged_use.error is not None and forged_use.error.kind == "protocol_error"
         assert (await host.run_code("await add(3, 4)")).value == 7
         canaries.check(storm, flood, forged, forged_use)
+
+
+async def test_a_compromised_sandbox_gets_only_typed_errors(
+    make_project: Callable[..., Path], wasm_prepared: Any, canaries: Canaries
+) -> None:
+    """G01-G12 from inside: the code writes raw bytes to the protocol's fd. Every breach
+    ends the run with a typed error and a fresh sandbox; nothing hangs, the host serves on."""
+    del wasm_prepared
+    prelude = "import os, struct\nfrom capsule.protocol import encode, frame\n"
+    breaches = {
+        "over the cap": "os.write(1, struct.pack('>I', 0xFFFFFFFF))",
+        "array32 of 100M": "os.write(1, struct.pack('>I', 5) + bytes.fromhex('dd05f5e100'))",
+        "deep nesting": (
+            "b = b'\\x91' * 2000 + b'\\xc0'\nos.write(1, struct.pack('>I', len(b)) + b)"
+        ),
+        "ext type": "os.write(1, struct.pack('>I', 3) + bytes.fromhex('d40500'))",
+        "trailing bytes": "os.write(1, struct.pack('>I', 2) + b'\\xc0\\xc0')",
+        "not a map": "os.write(1, frame([1, 2, 3]))",
+        "unknown kind": "os.write(1, frame({'k': 'load', 'dir': '/'}))",
+        "bad use id": "os.write(1, frame({'k': 'use', 'id': 'x', 'run': 0, 'tool': 'add'}))",
+        "bad use args": (
+            "import sys\nrun = sys.modules['capsule._guest']._SANDBOX._run\n"
+            "os.write(1, frame({'k': 'use', 'id': 1, 'run': run, 'tool': 'add', "
+            "'args': {'a': 1}, 'kwargs': []}))\nawait asyncio.sleep(30)"
+        ),
+        "half a frame": "os.write(1, struct.pack('>I', 100) + b'\\x80')\nawait asyncio.sleep(30)",
+    }
+    limits = {"code_timeout": "2s"}
+    async with Host.open(make_project(tools=TOOLS, policy=POLICY), limits=limits) as host:
+        results: list[CodeResult] = []
+        for name, breach in breaches.items():
+            result = await host.run_code(prelude + breach)
+            results.append(result)
+            assert result.error is not None, name
+            assert result.error.kind in ("protocol_error", "limit_exceeded"), (name, result.error)
+            assert "were lost" in result.error.message, name
+            assert (await host.run_code("await add(5, 5)")).value == 10, name
+        # A use frame for a run that is over is dropped: nothing answers, nothing runs.
+        stale = await host.run_code(
+            prelude + "os.write(1, frame({'k': 'use', 'id': 7, 'run': 0, 'tool': 'add', "
+            "'args': [1, 2], 'kwargs': {}}))\n'still here'"
+        )
+        assert stale.ok and stale.value == "still here" and stale.calls == []
+        canaries.check(*results, stale)
