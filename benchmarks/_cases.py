@@ -83,9 +83,7 @@ SPECS: dict[str, CaseSpec] = {
         CaseSpec("host-trio", "host + subprocess capsule, add (async), trio", True, True),
         CaseSpec("host-trio-sync", "host + subprocess capsule, add_sync (sync), trio", True, True),
         CaseSpec("host-nostore", "as host, with a store that keeps nothing", True, True),
-        CaseSpec(
-            "host-trio-nostore", "as host-trio, with a state store that keeps nothing", True, True
-        ),
+        CaseSpec("host-trio-nostore", "as host-trio, with a store that keeps nothing", True, True),
     )
 }
 
