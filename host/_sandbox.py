@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from capsule import protocol as p
 from . import _wasm
 from ._config import Limits
 from ._discovery import ToolSpec
-from ._events import EventBus
+from ._events import Event, EventBus
 from ._process import kill_tree
 from .errors import (
     HostError,
@@ -58,6 +59,10 @@ _GUEST_MAIN = "from capsule._guest import main; main()"
 _MAX_TEXT = 64 * 1024
 _TICK = 0.05
 _LOST = "the sandbox was restarted: variables and imports of earlier runs were lost"
+
+_DECISIONS: ContextVar[list[str] | None] = ContextVar("toolhost_code_decisions", default=None)
+"""Set while a tool call from agent code runs: collects the ``policy_decision`` events that
+the mediator emits for it (listeners run in the emitting task, so in this context)."""
 
 
 class _Model(BaseModel):
@@ -213,7 +218,13 @@ def _limit(limit: str, message: str) -> CodeError:
     )
 
 
-def _decision(exc: HostError | None) -> Literal["allow", "deny", "escalate"] | None:
+def _decision(
+    exc: HostError | None, decided: list[str]
+) -> Literal["allow", "deny", "escalate"] | None:
+    """The mediator's decision (from its event), else what the outcome implies."""
+    for decision in decided:
+        if decision == "allow" or decision == "deny" or decision == "escalate":
+            return decision
     if exc is None:
         return "allow"
     if isinstance(exc, PolicyDenied):
@@ -274,6 +285,14 @@ class CodeSandbox:
         self._lost = False
         self._closed = False
         self.starts = 0
+        self._unsubscribe = events.subscribe(self._on_event)
+
+    @staticmethod
+    def _on_event(event: Event) -> None:
+        if event.kind == "policy_decision":
+            slot = _DECISIONS.get()
+            if slot is not None:
+                slot.append(str(event.data.get("decision")))
 
     def __repr__(self) -> str:
         state = "running" if self._guest is not None and self._guest.alive else "stopped"
@@ -614,6 +633,8 @@ class CodeSandbox:
             name = tool
         failure: HostError | None = None
         reply: dict[str, Any] | None = None
+        decided: list[str] = []
+        token = _DECISIONS.set(decided)
         with scope:
             try:
                 value = await self._call(tool, tuple(args), kwargs)
@@ -626,6 +647,7 @@ class CodeSandbox:
                 failure = HostError(f"the host failed to run {tool}: {type(exc).__name__}")
                 reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
             finally:
+                _DECISIONS.reset(token)
                 run.inflight -= 1
                 run.scopes.pop(call_id, None)
         if reply is None:  # the code stopped waiting (drop): nothing to answer
@@ -634,7 +656,7 @@ class CodeSandbox:
         run.calls.append(
             CodeCall(
                 tool=name,
-                decision=_decision(failure),
+                decision=_decision(failure, decided),
                 ok=failure is None,
                 error=failure.kind if failure is not None else None,
             )
@@ -650,5 +672,6 @@ class CodeSandbox:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._unsubscribe()
         with anyio.CancelScope(shield=True):
             await self._discard("the session is closing")

@@ -314,6 +314,7 @@ async def test_escalation_inside_code_waits_in_place(
             pytest.skip("the mediator does not escalate yet (issue 4)")
         assert asked == ["count"]  # asked once: no replay
         assert ok(result) == (1 if answer else "not approved")
+        assert [(c.tool, c.decision, c.ok) for c in result.calls] == [("count", "escalate", answer)]
         # The approved call ran exactly once; a denied one never ran.
         assert await host.call("count") == (2 if answer else 1)
 
