@@ -188,6 +188,7 @@ def report(result: dict[str, Any]) -> str:
     m = result["machine"]
     cfg = result["config"]
     inflight = cfg["inflight"]
+    w = max(19, *(len(name) for name in result["cases"]))
     lines = [
         f"{m['date']}  {m['cpu']}, {m['cores']} cores, load average {m['load_average']} "
         f"at the start, {m['load_average_end']} at the end",
@@ -198,8 +199,8 @@ def report(result: dict[str, Any]) -> str:
         f"{cfg['burst_time'] * 1000:g} ms with {cfg['inflight']} in flight",
         "cpu: CPU microseconds per call of the caller's process + the child processes",
         "",
-        f"{'':<19} {'one call in flight':^46} {f'{inflight} in flight':^22}",
-        f"{'case':<19} {'median us':>10} {'p99 us':>9} {'x pipe':>7} {'cpu us':>17} "
+        f"{'':<{w}} {'one call in flight':^46} {f'{inflight} in flight':^22}",
+        f"{'case':<{w}} {'median us':>10} {'p99 us':>9} {'x pipe':>7} {'cpu us':>17} "
         f"{'calls/s':>9} {'cpu us':>13}",
     ]
     pipe = result["cases"].get("pipe", {}).get("median_us")
@@ -215,8 +216,8 @@ def report(result: dict[str, Any]) -> str:
             )
         else:
             burst = ""
-        lines.append(f"{name:<19} {median:10.1f} {row['p99_us']:9.1f} {ratio} {cpu} {burst}")
-        titles.append(f"  {name:<19} {row['title']}")
+        lines.append(f"{name:<{w}} {median:10.1f} {row['p99_us']:9.1f} {ratio} {cpu} {burst}")
+        titles.append(f"  {name:<{w}} {row['title']}")
     lines += ["", "cases:", *titles]
     if result["targets"]:
         lines.append("")
@@ -226,7 +227,7 @@ def report(result: dict[str, Any]) -> str:
             figure = f"{t['value']:.2f}x (rounds {t['per_round_min']:.2f}-{t['per_round_max']:.2f})"
         else:
             figure = f"{t['value']:,.0f} calls/s"
-        lines.append(f"{verdict}  {t['case']:<19} {t['target']}: {figure}")
+        lines.append(f"{verdict}  {t['case']:<{w}} {t['target']}: {figure}")
     return "\n".join(lines)
 
 
