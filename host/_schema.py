@@ -247,35 +247,106 @@ def _where(path: list[Any]) -> str:
     return out
 
 
+_Check = Callable[[Any], bool]
+_ANNOTATIONS: Final = frozenset({"description", "default", "title"})
+_EXACT: Final[Mapping[str, tuple[type, ...]]] = {
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def _classes(schema: Mapping[str, Any]) -> tuple[type, ...] | None:
+    """The exact classes a scalar schema (or an ``anyOf`` of them) admits, else None."""
+    keys = schema.keys() - _ANNOTATIONS
+    if keys == {"type"} and schema["type"] in _EXACT:
+        return _EXACT[schema["type"]]
+    if keys == {"type", "contentEncoding"} and schema["contentEncoding"] == "base64":
+        return (bytes,)
+    if keys == {"anyOf"}:
+        parts = [_classes(part) for part in schema["anyOf"]]
+        if all(p is not None for p in parts):
+            return tuple(c for p in parts if p is not None for c in p)
+    return None
+
+
+def _fast(schema: Mapping[str, Any]) -> _Check | None:
+    """A plain-Python check that accepts exactly what jsonschema accepts, for the simple
+    schemas most parameters have; None for anything else (jsonschema decides)."""
+    keys = schema.keys() - _ANNOTATIONS
+    if not keys:
+        return lambda _value: True
+    exact = _classes(schema)
+    if exact is not None:
+        return lambda value: type(value) in exact
+    if schema.get("type") == "array" and keys == {"type", "items"}:
+        item = _fast(schema["items"])
+        if item is not None:
+            return lambda value: type(value) is list and all(map(item, cast("list[Any]", value)))
+    if schema.get("type") == "object" and keys <= {"type", "additionalProperties"}:
+        entry = _fast(schema.get("additionalProperties", {}))
+        if entry is not None:
+            return lambda value: (
+                type(value) is dict and all(map(entry, cast("dict[str, Any]", value).values()))
+            )
+    return None
+
+
+def _fast_arguments(schema: Mapping[str, Any]) -> _Check | None:
+    checks: dict[str, _Check] = {}
+    for name, part in schema["properties"].items():
+        check = _fast(part)
+        if check is None:
+            return None
+        checks[name] = check
+    required = frozenset(schema["required"])
+
+    def valid(arguments: Any) -> bool:
+        return required <= arguments.keys() <= checks.keys() and all(
+            checks[k](v) for k, v in arguments.items()
+        )
+
+    return valid
+
+
 class ArgumentValidator:
-    """Checks bound arguments against each tool's input schema; compiled once per tool."""
+    """Checks bound arguments against each tool's input schema; compiled once per tool.
+
+    Most parameters are scalars or lists and dicts of them: those are checked by a plain
+    Python predicate that accepts exactly what the schema accepts (a call costs about a
+    microsecond, not jsonschema's tens); anything else, and every rejection (for its
+    message), goes through jsonschema.
+    """
 
     def __init__(self, scope: Scope) -> None:
         self._scope = scope
         self._types = _types(scope)
-        self._compiled: dict[str, Any] = {}
+        self._compiled: dict[str, tuple[_Check | None, Any]] = {}
 
-    def _validator(self, name: str) -> Any:
+    def _validator(self, name: str) -> tuple[_Check | None, Any]:
         try:
             return self._compiled[name]
         except KeyError:
             pass
-        validator: Any = None
+        compiled: tuple[_Check | None, Any] = (None, None)
         try:
             tool = self._scope.tool(name)
         except KeyError:
             pass  # not declared (the scope predates the tool): binding alone applies
         else:
             schema = input_schema(self._scope, tool, self._types)
-            if any(schema["properties"].values()):  # all-``Any`` parameters: nothing to check
-                validator = _Validator(schema)
-        self._compiled[name] = validator
-        return validator
+            compiled = (_fast_arguments(schema), _Validator(schema))
+        self._compiled[name] = compiled
+        return compiled
 
     def check(self, tool: str, arguments: Mapping[str, Any]) -> None:
         """Raise :class:`InvalidArguments` naming the parameter and what was wrong."""
-        validator = self._validator(tool)
-        if validator is None or validator.is_valid(arguments):
+        fast, validator = self._validator(tool)
+        if (fast is not None and fast(arguments)) or validator is None:
+            return
+        if validator.is_valid(arguments):
             return
         error: Any = _best_match(validator.iter_errors(arguments))
         path: list[Any] = list(error.absolute_path)

@@ -275,3 +275,35 @@ def test_validation_names_the_parameter_and_the_problem() -> None:
     assert parameter == "rest" and problem.startswith("rest[1]:")
     parameter, _ = _problem({"task": ok, "blob": "text"})  # str where bytes are declared
     assert parameter == "blob"
+
+
+_FAST_SCHEMAS: list[dict[str, Any]] = [
+    {},
+    {"description": "anything"},
+    {"type": "integer"},
+    {"type": "number", "default": 1},
+    {"type": "string"},
+    {"type": "boolean"},
+    {"type": "null"},
+    {"type": "string", "contentEncoding": "base64"},
+    {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    {"type": "array", "items": {"type": "number"}},
+    {"type": "array", "items": {}},
+    {"type": "object"},
+    {"type": "object", "additionalProperties": {"type": "string"}},
+    {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}},
+]
+_VALUES: list[Any] = [
+    None, True, 0, -3, 2**63, 1.0, 2.5, "", "x", b"", b"\x00", [], [1], [1.5, 2], ["a"],
+    [None], {}, {"k": "v"}, {"k": 1}, {"k": [1, 2]}, {"k": [1.5]}, (1, 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", _FAST_SCHEMAS)
+def test_the_fast_path_accepts_exactly_what_jsonschema_accepts(schema: dict[str, Any]) -> None:
+    from host._schema import _fast, _Validator  # pyright: ignore[reportPrivateUsage]
+
+    fast = _fast(schema)
+    assert fast is not None
+    for value in _VALUES:
+        assert fast(value) == _Validator(schema).is_valid(value), (schema, value)
