@@ -202,6 +202,7 @@ async def test_a_call_never_awaited_never_runs(proj: Path) -> None:
         assert ok(await host.run_code("await count()")) == 1  # the first one never ran
 
 
+@pytest.mark.slow
 async def test_waiting_on_tools_does_not_count_against_the_time_limit(
     make_project: Callable[..., Path], wasm_prepared: Any
 ) -> None:
@@ -233,6 +234,7 @@ async def test_call_and_output_limits(
         assert ok(await host.run_code("1 + 1")) == 2
 
 
+@pytest.mark.slow
 async def test_memory_limit(make_project: Callable[..., Path], wasm_prepared: Any) -> None:
     del wasm_prepared
     async with Host.open(project(make_project), limits={"code_memory": "64MiB"}) as host:
@@ -276,6 +278,7 @@ async def test_policy_denied_is_catchable(
         assert [(c.tool, c.decision, c.ok) for c in result.calls] == [("boom", "deny", False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", [True, False])
 async def test_escalation_inside_code_waits_in_place(
     make_project: Callable[..., Path], wasm_prepared: Any, answer: bool
@@ -319,6 +322,7 @@ async def test_escalation_inside_code_waits_in_place(
         assert await host.call("count") == (2 if answer else 1)
 
 
+@pytest.mark.slow
 async def test_awkward_values_and_deep_recursion(proj: Path) -> None:
     async with Host.open(proj) as host:
         assert ok(await host.run_code("2 ** 64 - 1")) == 2**64 - 1

@@ -14,7 +14,7 @@ from host import Host, ToolError
 
 from .test_wasm import wasm_prepared
 
-pytestmark = [pytest.mark.anyio, pytest.mark.wasm]
+pytestmark = [pytest.mark.anyio, pytest.mark.wasm, pytest.mark.slow]
 __all__ = ["wasm_prepared"]
 
 TOOLS = {
