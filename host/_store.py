@@ -17,18 +17,21 @@ The audit contract (DESIGN.md section 3, SECURITY_CATALOGUE.md H07/H08):
   call (fail closed). Nothing here ever sees raw argument values: records carry a hash,
   a size and a redacted, bounded summary made by the caller.
 
-SQLite calls run on a worker thread (one at a time), never on the event loop.
+SQLite calls run on a worker thread (one at a time), never on the event loop. Audit
+writes that arrive while a commit runs share the next commit (group commit), so calls in
+flight together share one disk sync.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -319,6 +322,29 @@ def _grant(row: sqlite3.Row) -> Grant:
     )
 
 
+@dataclass(slots=True)
+class _Queued:
+    work: Callable[[sqlite3.Connection], None]
+    durable: bool
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: StoreUnavailable | None = None
+
+
+def _commit(conn: sqlite3.Connection, *, batch: list[_Queued]) -> None:
+    """One transaction for a batch of audit writes; synced to disk if any asks for it."""
+    conn.execute(f"PRAGMA synchronous={'FULL' if any(q.durable for q in batch) else 'NORMAL'}")
+    conn.execute("BEGIN IMMEDIATE")
+    for queued in batch:
+        conn.execute("SAVEPOINT write")
+        try:
+            queued.work(conn)
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK TO write")
+            queued.error = StoreUnavailable(f"an audit write failed: {exc}")
+        conn.execute("RELEASE write")
+    conn.execute("COMMIT")
+
+
 class SQLiteStore:
     """The :class:`Store` on one SQLite file in WAL mode.
 
@@ -339,6 +365,8 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
         self._lock: _HostLock | None = None
+        self._queue: list[_Queued] = []
+        self._committing = False
         self.host_id: str | None = None
 
     def __repr__(self) -> str:
@@ -448,15 +476,11 @@ class SQLiteStore:
         del data["seq"]
         columns = ", ".join(data)
         marks = ", ".join("?" for _ in data)
-        sync = "FULL" if durable and self._durable else "NORMAL"
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute(f"PRAGMA synchronous={sync}")
-            conn.execute("BEGIN IMMEDIATE")
             conn.execute(f"INSERT INTO audit ({columns}) VALUES ({marks})", tuple(data.values()))
-            conn.execute("COMMIT")
 
-        await self._run(work)
+        await self._write(work, durable=durable and self._durable)
 
     async def finish(
         self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
@@ -464,16 +488,41 @@ class SQLiteStore:
         now = time.time()
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("BEGIN IMMEDIATE")
             conn.execute(
                 "UPDATE audit SET outcome = ?, ended = ?, error_kind = ?, error = ? "
                 "WHERE call_id = ? AND outcome = 'started'",
                 (outcome, now, error_kind, error, call_id),
             )
-            conn.execute("COMMIT")
 
-        await self._run(work)
+        await self._write(work, durable=False)
+
+    async def _write(self, work: Callable[[sqlite3.Connection], None], *, durable: bool) -> None:
+        """Group commit: writes queued while one commit runs share the next one.
+
+        The first writer to find no commit running becomes the leader and commits batches
+        until the queue is empty (shielded: its followers depend on it); each write runs
+        in its own savepoint, so one failing write does not fail the others.
+        """
+        entry = _Queued(work, durable)
+        self._queue.append(entry)
+        if not self._committing:
+            self._committing = True
+            try:
+                with anyio.CancelScope(shield=True):
+                    while self._queue:
+                        batch, self._queue = self._queue, []
+                        try:
+                            await self._run(functools.partial(_commit, batch=batch))
+                        except StoreUnavailable as exc:
+                            for queued in batch:
+                                queued.error = queued.error or exc
+                        for queued in batch:
+                            queued.done.set()
+            finally:
+                self._committing = False
+        await entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
 
     async def tail(self, count: int) -> list[AuditRecord]:
         def work(conn: sqlite3.Connection) -> list[AuditRecord]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -205,3 +206,34 @@ async def test_store_work_does_not_block_the_event_loop(store: SQLiteStore) -> N
             await store.record(started(f"h1.{i}"), durable=True)
         tg.cancel_scope.cancel()
     assert ticks > 20  # the loop kept running while SQLite worked on a thread
+
+
+async def test_writes_in_flight_together_share_a_commit(store: SQLiteStore) -> None:
+    await store.record(started("h1.dup"), durable=True)
+    failures: list[str] = []
+
+    async def write(call_id: str) -> None:
+        try:
+            await store.record(started(call_id), durable=True)
+        except StoreUnavailable:
+            failures.append(call_id)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(write, f"h1.{i}")
+        tg.start_soon(write, "h1.dup")  # fails alone, in its own savepoint
+        tg.start_soon(functools.partial(store.finish, error_kind=None, error=None), "h1.dup", "ok")
+    assert failures == ["h1.dup"]
+    records = {r.call_id: r.outcome for r in await store.tail(100)}
+    assert len(records) == 51 and records["h1.dup"] == "ok"
+
+
+async def test_a_cancelled_writer_still_commits_for_the_others(store: SQLiteStore) -> None:
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(functools.partial(store.record, durable=True), started(f"h1.{i}"))
+        await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    # whatever was queued was committed or never started; nothing waits forever
+    await store.record(started("h1.after"), durable=True)
+    assert (await store.tail(1))[0].call_id == "h1.after"
