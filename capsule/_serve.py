@@ -334,8 +334,11 @@ class Capsule:
                 if inspect.isawaitable(result):
                     result = await result
                 body = self._result_body(call_id, result)
-            except asyncio.CancelledError:
-                return  # the host gave up on this call; it expects no reply
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    return  # the host gave up on this call; it expects no reply
+                body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
             except NotPlainData as exc:
                 body = self._error_body(
                     call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path

@@ -89,7 +89,10 @@ class PipeReader:
         while not self._closed:
             # Wait first: after a chunk the pipe is most likely empty, and a read that
             # fails with EAGAIN costs a system call and an exception per call.
-            await anyio.wait_readable(fd)
+            try:
+                await anyio.wait_readable(fd)
+            except anyio.ClosedResourceError:
+                return  # close() woke us: the descriptor is going away
             try:
                 data = os.read(fd, _CHUNK)
             except BlockingIOError:

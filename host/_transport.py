@@ -341,13 +341,15 @@ class Connection:
                         self._handle(body)
                     self._ready.clear()
                     await self._reader.run()
+                except p.BadFrame as exc:
+                    # Caught inside the task group: outside it, it would arrive wrapped
+                    # in an exception group and never match.
+                    reason = f"it broke the wire protocol ({exc})"
+                    self._events.emit("protocol_error", self._session, error=str(exc))
+                    logger.warning("capsule protocol error: %s", exc)
+                    self._on_violation(reason)
                 finally:
                     tg.cancel_scope.cancel()
-        except p.BadFrame as exc:
-            reason = f"it broke the wire protocol ({exc})"
-            self._events.emit("protocol_error", self._session, error=str(exc))
-            logger.warning("capsule protocol error: %s", exc)
-            self._on_violation(reason)
         finally:
             self.fail_all(reason)
 

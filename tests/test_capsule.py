@@ -155,12 +155,6 @@ async def test_a_result_over_the_frame_cap_is_limit_exceeded() -> None:
         assert await host.call("bump") == 1, "the same capsule goes on serving"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capsule/_serve.py Capsule._run swallows a CancelledError the tool raised itself "
-    "as if the host had cancelled the call: no reply, so the call waits for its deadline "
-    "and the capsule is killed",
-)
 async def test_a_tool_raising_cancelled_error_is_a_tool_error() -> None:
     async with Host.open(LAB, policy=policy("timeout")) as host:
         await host.call("bump")

@@ -396,19 +396,6 @@ def _fix_lengths() -> None:
 _fix_lengths()
 
 
-RUN_SWALLOWS_NO_VIOLATION = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "host/_transport.py Connection.run: the BadFrame raised by the reader inside "
-        "'async with anyio.create_task_group()' leaves it wrapped in an ExceptionGroup, so "
-        "'except p.BadFrame' never matches: on_violation is not called, no protocol_error "
-        "event, and the group escapes run() (a tool writing 0xFFFFFFFF to the protocol fd "
-        "crashes Host.open). Catch BadFrame inside the task group body."
-    ),
-)
-
-
-@RUN_SWALLOWS_NO_VIOLATION
 @pytest.mark.parametrize("name", sorted(BAD_ENVELOPES))
 async def test_a_breach_of_the_wire_rules_is_a_violation_and_fails_calls_in_flight(
     name: str,
@@ -434,7 +421,6 @@ async def test_a_breach_of_the_wire_rules_is_a_violation_and_fails_calls_in_flig
         assert not info.value.may_have_executed  # never sent
 
 
-@RUN_SWALLOWS_NO_VIOLATION
 async def test_a_violation_with_no_call_in_flight_still_reports() -> None:
     async with harness() as h:
         h.peer.send({"k": "ok", "id": "x"})
@@ -472,21 +458,7 @@ async def test_g06_half_a_reply_then_eof_delivers_nothing() -> None:
         assert isinstance(error, CapsuleCrashed) and outcome.value is None
 
 
-async def test_closing_while_running_ends_run_quietly(
-    anyio_backend: str, request: pytest.FixtureRequest
-) -> None:
-    if anyio_backend == "trio":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "host/_pipes.py PipeReader._run_generic: Connection.close() calls "
-                    "anyio.notify_closing(fd), so the pending anyio.wait_readable raises "
-                    "ClosedResourceError, which escapes run() (the docstring says close "
-                    "wakes waiting tasks). Return on ClosedResourceError there."
-                ),
-            )
-        )
+async def test_closing_while_running_ends_run_quietly() -> None:
     async with harness() as h:
         outcome = start_call(h, 1)
         await h.peer.recv()
