@@ -25,7 +25,10 @@ What keeps an approval honest (SECURITY_CATALOGUE.md E05-E10):
 
 from __future__ import annotations
 
+import functools
+import select
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -178,17 +181,34 @@ class TerminalApprover:
     async def decide(self, request: ApprovalRequest) -> Approval:
         if self._lock is None:
             self._lock = anyio.Lock()
-        async with self._lock:
-            return await anyio.to_thread.run_sync(self._ask, request, abandon_on_cancel=True)
+        cancelled = threading.Event()
+        try:
+            async with self._lock:
+                ask = functools.partial(self._ask, request, cancelled)
+                return await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)
+        finally:
+            # A prompt abandoned at the escalation timeout stops reading within 0.2 s,
+            # so it cannot swallow the answer meant for the next prompt.
+            cancelled.set()
 
-    def _readline(self) -> str | None:
+    def _readline(self, cancelled: threading.Event | None = None) -> str | None:
         stream = self._stdin if self._stdin is not None else sys.stdin
         if stream is None:  # pyright: ignore[reportUnnecessaryComparison]
             return None
+        if cancelled is not None and sys.platform != "win32":
+            try:
+                fd: int | None = stream.fileno()
+            except (OSError, ValueError):  # not a real file (a test's StringIO)
+                fd = None
+            while fd is not None and not select.select([fd], [], [], 0.2)[0]:
+                if cancelled.is_set():
+                    return None
+            if cancelled.is_set():
+                return None
         line = stream.readline()
         return line if line else None
 
-    def _ask(self, request: ApprovalRequest) -> Approval:
+    def _ask(self, request: ApprovalRequest, cancelled: threading.Event | None = None) -> Approval:
         from rich.panel import Panel
         from rich.table import Table
         from rich.text import Text
@@ -216,7 +236,10 @@ class TerminalApprover:
         while True:
             console.print(Text(menu))
             console.print(Text("answer: "), end="")
-            line = self._readline()
+            line = self._readline(cancelled)
+            if cancelled is not None and cancelled.is_set():
+                console.print(Text("(no answer in time: denied)"))
+                return Approval(False, note="no answer in time")
             if line is None:
                 console.print(Text("(no input: denied)"))
                 return Approval(False, note="the terminal closed")
@@ -226,7 +249,7 @@ class TerminalApprover:
             approval = choice[1]
             if approval.allow and request.warnings:
                 console.print(Text("The arguments carry warnings. Type yes to allow: "), end="")
-                confirm = self._readline()
+                confirm = self._readline(cancelled)
                 if confirm is None or confirm.strip().lower() != "yes":
                     console.print(Text("not confirmed: denied"))
                     return Approval(False, note="an allow was not confirmed")

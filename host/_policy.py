@@ -334,6 +334,10 @@ class PolicySource:
         self._root = root
         self._on_change = on_change
         self._error: PolicyFileError | None = None
+        self._dirs: tuple[Path, ...] = (root, root / "policies") if root is not None else ()
+        """Folders whose listing names the files: re-listed only when they change."""
+        self._listed: tuple[tuple[int, int] | None, ...] | None = None
+        self._paths: list[Path] = []
         self._signature = self._stat() if files is not None else ()
         self._digest = self._read_digest() if files is not None else ""
 
@@ -342,10 +346,26 @@ class PolicySource:
         """The last good policy (whatever the files say now)."""
         return self._policy
 
-    def _stat(self) -> tuple[tuple[str, int, int, int], ...]:
+    def _list(self, now: float) -> list[Path]:
+        """The policy files; the folders are listed again only when they changed."""
         assert self._files is not None
+        key: list[tuple[int, int] | None] = []
+        for folder in self._dirs:
+            try:
+                st = os.stat(folder)
+            except OSError:
+                key.append(None)
+                continue
+            key.append((st.st_mtime_ns, st.st_ino))
+        racy = any(k is not None and now - k[0] / 1e9 < _RACY for k in key)
+        if not self._dirs or racy or tuple(key) != self._listed:
+            self._listed = tuple(key)
+            self._paths = self._files()
+        return self._paths
+
+    def _stat(self, now: float | None = None) -> tuple[tuple[str, int, int, int], ...]:
         out: list[tuple[str, int, int, int]] = []
-        for path in self._files():
+        for path in self._list(time.time() if now is None else now):
             try:
                 st = os.stat(path)
             except OSError:
@@ -354,9 +374,8 @@ class PolicySource:
         return tuple(out)
 
     def _read_digest(self) -> str:
-        assert self._files is not None
         digest = hashlib.sha256()
-        for path in self._files():
+        for path in self._paths:
             digest.update(str(path).encode() + b"\0")
             try:
                 digest.update(path.read_bytes())
@@ -368,8 +387,9 @@ class PolicySource:
         """The policy to decide one call against. Raises :class:`PolicyFileError`."""
         if self._files is None:
             return self._policy
-        signature = self._stat()
-        racy = any(time.time() - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
+        now = time.time()
+        signature = self._stat(now)
+        racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
         if signature != self._signature or racy:
             self._signature = signature
             digest = self._read_digest()
@@ -381,9 +401,8 @@ class PolicySource:
         return self._policy
 
     def _reload(self) -> None:
-        assert self._files is not None
         try:
-            config = load_policy(self._files(), root=self._root)
+            config = load_policy(self._paths, root=self._root)
         except PolicyFileError as exc:
             self._error = exc
             if self._on_change is not None:

@@ -4,9 +4,12 @@ I09), and the terminal approver that shows it."""
 from __future__ import annotations
 
 import io
+import os
+import pty
 import time
 from collections.abc import Callable
 
+import anyio
 import pytest
 
 from host import Approval, ApprovalRequest, NotApproved, TerminalApprover
@@ -233,3 +236,31 @@ async def test_the_terminal_approver_answers_through_the_host(
             await host.call("launch", "venus")
     assert out.getvalue().count("approval needed") == 2
     assert d.ran() == [{"launch": "mars"}]
+
+
+@pytest.mark.anyio
+async def test_a_prompt_that_timed_out_leaves_the_next_answer_alone(
+    desk: Callable[..., Desk],
+) -> None:
+    from rich.console import Console
+
+    d = desk(timeout="0.5s")
+    controller, terminal = pty.openpty()
+    out = io.StringIO()
+    with open(terminal, encoding="utf-8") as stdin:  # noqa: ASYNC230 - a pty, no disk I/O
+        approver = TerminalApprover(console=Console(file=out, color_system=None), stdin=stdin)
+        try:
+            async with d.open(approver) as host:
+                with pytest.raises(NotApproved) as info:
+                    await host.call("launch", "a")  # nobody answers
+                assert info.value.reason == "timeout"
+                await anyio.sleep(0.5)  # the abandoned prompt stops reading
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(host.call, "launch", "b")
+                    with anyio.fail_after(10):
+                        while out.getvalue().count("approval needed") < 2:  # noqa: ASYNC110
+                            await anyio.sleep(0.02)
+                    os.write(controller, b"y\n")
+        finally:
+            os.close(controller)
+    assert d.ran() == [{"launch": "b"}]
