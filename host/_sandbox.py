@@ -13,6 +13,8 @@ call is in flight (tools, approvals) does not count. ``code_max_calls`` is count
 ``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
 ``code_max_output`` caps captured output. A run that hits one fails with ``LimitExceeded``
 naming it; the sandbox is replaced, and the next run is told its variables were lost.
+The replacement (also after ``reset_code``) boots in the background at once, so it is
+usually ready by the time the agent runs code again.
 """
 
 from __future__ import annotations
@@ -196,6 +198,14 @@ class _Guest:
         return f"it exited with status {code}"
 
 
+class _Spare:
+    """A replacement sandbox booting in the background after one was discarded."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.guest: _Guest | None = None
+
+
 class _Run:
     """The host's view of one run in progress."""
 
@@ -285,6 +295,7 @@ class CodeSandbox:
         self._lost = False
         self._closed = False
         self.starts = 0
+        self._spare: _Spare | None = None
         self._unsubscribe = events.subscribe(self._on_event)
 
     @staticmethod
@@ -433,6 +444,37 @@ class CodeSandbox:
             await guest.exited.wait()
         guest.close()
 
+    def _prefetch(self) -> None:
+        """Boot the next sandbox now, while the agent thinks, rather than on its next run."""
+        if self._closed or self._spare is not None:
+            return
+        spare = _Spare()
+        self._spare = spare
+        self._tg.start_soon(self._boot_spare, spare)
+
+    async def _boot_spare(self, spare: _Spare) -> None:
+        try:
+            spare.guest = await self._start()
+        except ToolUnavailable:
+            pass  # the next run starts one itself, and reports why it cannot
+        finally:
+            spare.done.set()
+        if self._closed and spare.guest is not None:
+            spare.guest.kill("the session is closing")
+            spare.guest.close()
+
+    async def _fresh(self) -> _Guest:
+        """The prefetched sandbox if there is a good one, else a new one."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await spare.done.wait()
+            if spare.guest is not None:
+                if spare.guest.alive:
+                    return spare.guest
+                spare.guest.kill("it died before its first run")
+                spare.guest.close()
+        return await self._start()
+
     # -- runs --------------------------------------------------------------------------
 
     async def run(self, source: str) -> CodeResult:
@@ -451,7 +493,7 @@ class CodeSandbox:
                 if self._guest is not None:
                     await self._discard("it died between runs")
                     self._lost = True
-                self._guest = await self._start()
+                self._guest = await self._fresh()
                 if self._lost:
                     warnings.append(_LOST)
                     self._lost = False
@@ -485,6 +527,7 @@ class CodeSandbox:
         if run.failure is not None:
             await self._discard(run.failure.message)
             self._lost = False  # this result already says so
+            self._prefetch()
             self._events.emit(
                 "sandbox_reset", self._session, reason=run.failure.message, limit=run.failure.limit
             )
@@ -512,6 +555,7 @@ class CodeSandbox:
                 # Memory ran out (or output overflowed) inside the guest: its state may be
                 # half-made, so it is replaced, and the result says so.
                 await self._discard(error.message)
+                self._prefetch()
                 self._events.emit(
                     "sandbox_reset", self._session, reason=error.message, limit=error.limit
                 )
@@ -669,9 +713,14 @@ class CodeSandbox:
         async with self._lock:
             await self._discard("reset_code")
             self._lost = False
+            self._prefetch()
 
     async def aclose(self) -> None:
         self._closed = True
         self._unsubscribe()
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.guest is not None:
+            spare.guest.kill("the session is closing")
+            spare.guest.close()
         with anyio.CancelScope(shield=True):
             await self._discard("the session is closing")

@@ -115,8 +115,14 @@ async def test_values_persistence_and_reset(proj: Path) -> None:
         assert (
             ok(await host.run_code("await board.add('a') + await tools.board.board.add('b')")) == 3
         )
+        code = host.default_session.code
         await host.reset_code()
+        # The replacement boots in the background at once; the next run uses it.
+        with anyio.fail_after(60):
+            while code.starts < 2:  # noqa: ASYNC110 - polling a counter, no event exists
+                await anyio.sleep(0.05)
         after = await host.run_code("x")
+        assert code.starts == 2
         assert not after.ok and after.error is not None
         assert after.error.type == "NameError" and after.error.kind == "exception"
         # Another session has a sandbox of its own.
