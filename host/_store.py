@@ -270,8 +270,11 @@ class _HostLock:
     def __init__(self, folder: Path, host_id: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"{host_id}.lock"
-        self._fd: int | None = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        # Locked before it appears under its name, so no other host ever sees it unlocked.
+        hidden = folder / f".{host_id}.{os.getpid()}.tmp"
+        self._fd: int | None = os.open(hidden, os.O_CREAT | os.O_RDWR, 0o600)
         _lock(self._fd)
+        os.replace(hidden, self.path)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -451,6 +454,9 @@ class SQLiteStore:
                 closed += cursor.rowcount
                 conn.execute("DELETE FROM pending WHERE host_id = ?", (host,))
                 conn.execute("COMMIT")
+            for stale in self._hosts.glob("*.lock"):  # hosts that died with nothing open
+                if stale.stem != mine:
+                    _HostLock.is_dead(self._hosts, stale.stem)
             return closed
 
         return await self._run(work)

@@ -237,3 +237,21 @@ async def test_a_cancelled_writer_still_commits_for_the_others(store: SQLiteStor
     # whatever was queued was committed or never started; nothing waits forever
     await store.record(started("h1.after"), durable=True)
     assert (await store.tail(1))[0].call_id == "h1.after"
+
+
+async def test_lock_files_of_dead_hosts_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / ".agent" / "state.db"
+    hosts = path.parent / "hosts"
+    dead = SQLiteStore(path)
+    await dead.start("dead")
+    live = SQLiteStore(path)
+    await live.start("live")
+    assert sorted(p.name for p in hosts.iterdir()) == ["dead.lock", "live.lock"]
+    dead._lock.release()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
+    (hosts / "ghost.lock").write_text("")  # a host that died without a trace in the db
+    following = SQLiteStore(path)
+    await following.start("next")
+    assert sorted(p.name for p in hosts.iterdir()) == ["live.lock", "next.lock"]
+    for store in (following, live, dead):
+        await store.aclose()
+    assert list(hosts.iterdir()) == []
