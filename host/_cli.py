@@ -71,7 +71,8 @@ def _keywords(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _project(args: argparse.Namespace) -> Path:
+def project_dir(args: argparse.Namespace) -> Path:
+    """The project a command runs on: ``--project``, or the default (said on stderr)."""
     if args.project is not None:
         path = Path(args.project)
         if not path.is_dir():
@@ -104,7 +105,7 @@ def _print_events(event: Event) -> None:
 async def _call(args: argparse.Namespace) -> int:
     positional = [_argument(a) for a in args.args]
     keywords = _keywords(args.kw or [])
-    async with Host.open(_project(args)) as host:
+    async with Host.open(project_dir(args)) as host:
         host.on("*", _print_events)
         try:
             value = await host.call(args.name, *positional, **keywords)
@@ -145,7 +146,7 @@ async def _run(args: argparse.Namespace) -> int:
     except SyntaxError as exc:
         print(f"{path}:{exc.lineno}: syntax error: {exc.msg}", file=sys.stderr)
         return 2
-    async with Host.open(_project(args)) as host:
+    async with Host.open(project_dir(args)) as host:
         host.on("*", _print_events)
         scope = _script_globals(host, path)
         try:

@@ -65,7 +65,7 @@ async def _source(args: argparse.Namespace) -> str:
 async def _exec(args: argparse.Namespace) -> int:
     cli = _cli()
     source = await _source(args)
-    project: Path = cli._project(args)
+    project: Path = cli.project_dir(args)
     async with Host.open(project) as host:
         host.on("*", cli._print_events)
         result = await host.run_code(source)

@@ -44,7 +44,7 @@ def _cli() -> Any:
 
 
 def _resolve(args: argparse.Namespace) -> Project:
-    return resolve_project(_cli()._project(args))
+    return resolve_project(_cli().project_dir(args))
 
 
 def _when(stamp: float | None) -> str:

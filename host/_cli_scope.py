@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ._discovery import discover
-from ._project import default_project, resolve_project
+from ._project import resolve_project
 from ._scope import Scope
 from ._scope_cache import load_or_build_scope
 
@@ -31,19 +30,9 @@ FORMATS = ("model", "pyi", "manifest", "schema")
 
 
 def _project_dir(args: argparse.Namespace) -> Path:
-    from ._cli import UsageError  # here, not at import time: _cli imports this module
+    from ._cli import project_dir  # here, not at import time: _cli imports this module
 
-    if args.project is not None:
-        path = Path(args.project)
-        if not path.is_dir():
-            raise UsageError(f"--project {args.project}: no such folder")
-        return path
-    path, bundled = default_project()
-    if bundled:
-        print(
-            f"toolhost: no tools/ here; using the bundled example project {path}", file=sys.stderr
-        )
-    return path
+    return project_dir(args)
 
 
 def _scope_of(root: Path) -> Scope:
