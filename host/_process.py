@@ -1,4 +1,4 @@
-"""Killing a capsule and everything it started.
+"""Starting a capsule process, and killing it with everything it started.
 
 A capsule runs in its own process group and adopts orphaned descendants (it is a child
 subreaper on Linux), so its whole tree is: its process group, plus every process whose
@@ -10,9 +10,45 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 
-__all__ = ["descendants", "kill_tree", "minimal_env"]
+import anyio
+import anyio.abc
+
+__all__ = ["descendants", "kill_tree", "minimal_env", "spawn_piped"]
+
+
+async def spawn_piped(
+    command: Sequence[str], *, cwd: str, env: Mapping[str, str]
+) -> tuple[anyio.abc.Process, int, int]:
+    """Start ``command`` in a new session with two protocol pipes as its stdin and stdout.
+
+    Returns ``(process, host_write_fd, host_read_fd)``; the caller owns both fds and must
+    drain the process's stderr (a pipe). The child gets exactly ``env``; no other fd of
+    this process is inherited (the ends it needs are closed here once it has them).
+    """
+    child_in, host_out = os.pipe()
+    host_in, child_out = os.pipe()
+    try:
+        process = await anyio.open_process(
+            list(command),
+            stdin=child_in,
+            stdout=child_out,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except BaseException:
+        for fd in (host_out, host_in):
+            os.close(fd)
+        raise
+    finally:
+        os.close(child_in)
+        os.close(child_out)
+    return process, host_out, host_in
 
 
 def _parents() -> dict[int, int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -39,7 +38,7 @@ from . import _wasm
 from ._config import Limits
 from ._discovery import ToolSpec
 from ._events import Event, EventBus
-from ._process import kill_tree
+from ._process import kill_tree, spawn_piped
 from .errors import (
     HostError,
     InvalidArguments,
@@ -339,26 +338,9 @@ class CodeSandbox:
             f"sys.path.insert(0, {_CAPSULE_PARENT!r})\n"
             f"{_GUEST_MAIN}\n"
         )
-        child_in, host_out = os.pipe()
-        host_in, child_out = os.pipe()
-        try:
-            process = await anyio.open_process(
-                [sys.executable, "-I", "-B", "-c", bootstrap],
-                stdin=child_in,
-                stdout=child_out,
-                stderr=subprocess.PIPE,
-                cwd="/",
-                env={"LANG": "C.UTF-8"},
-                start_new_session=True,
-            )
-        except BaseException:
-            for fd in (host_out, host_in):
-                os.close(fd)
-            raise
-        finally:
-            os.close(child_in)
-            os.close(child_out)
-        return process, host_out, host_in
+        return await spawn_piped(
+            [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
+        )
 
     async def _start(self) -> _Guest:
         try:

@@ -411,25 +411,6 @@ async def spawn_guest(spec: GuestSpec) -> tuple[Any, int, int]:
     The child's stdin and stdout are the two pipes (the guest inherits them), its stderr
     is a pipe the caller must drain, it has its own process group and a bare environment.
     """
-    import anyio
+    from ._process import spawn_piped  # here: the child loads this file on its own
 
-    child_in, host_out = os.pipe()
-    host_in, child_out = os.pipe()
-    try:
-        process = await anyio.open_process(
-            child_command(spec),
-            stdin=child_in,
-            stdout=child_out,
-            stderr=subprocess.PIPE,
-            cwd=str(_HOST_ROOT),
-            env=child_env(),
-            start_new_session=True,
-        )
-    except BaseException:
-        for fd in (host_out, host_in):
-            os.close(fd)
-        raise
-    finally:
-        os.close(child_in)
-        os.close(child_out)
-    return process, host_out, host_in
+    return await spawn_piped(child_command(spec), cwd=str(_HOST_ROOT), env=child_env())
