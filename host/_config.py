@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "Limits",
     "EnvConfig",
     "CapsulesConfig",
+    "DataFolder",
     "Defaults",
     "Rule",
     "Quota",
@@ -129,12 +131,89 @@ class EnvConfig(_Model):
     """Fixed values to set in the tool capsules."""
 
 
+_OWN_FOLDERS = ("tools", "src/tools", "policies", "hooks", "src/hooks", ".agent")
+"""Project folders toolhost reads or writes itself: no data folder may overlap them."""
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+class DataFolder(_Model):
+    """``[capsules] data``: a project folder the tool capsules may use.
+
+    Written ``data = "notes"`` (read-only) or ``data = { path = "notes", writable = true }``.
+    """
+
+    path: str = Field(min_length=1)
+    """The folder, relative to the project; it must exist and lie inside the project."""
+    writable: bool = Field(default=False, strict=True)
+    """Whether tools may create, change and delete files in it (read-only by default)."""
+
+    def resolve(self, root: Path) -> Path:
+        """The folder on the host, symbolic links followed.
+
+        Raises:
+            ValueError: why the folder is refused (missing, a file, outside the project,
+                the project itself or overlapping a folder toolhost uses itself).
+        """
+        if Path(self.path).is_absolute():
+            hint = " (the whole file system)" if Path(self.path) == Path("/") else ""
+            raise ValueError(
+                f"{self.path!r}{hint} is an absolute path: name a folder inside the project, "
+                "relative to it"
+            )
+        project = root.resolve()
+        target = (project / self.path).resolve()
+        if not target.is_relative_to(project):
+            raise ValueError(
+                f"{self.path!r} is outside the project (it resolves to {target}): "
+                "name a folder inside it"
+            )
+        if target == project:
+            raise ValueError(
+                f"{self.path!r} is the project itself (its policy, tools and state): "
+                "name a folder inside it"
+            )
+        for own in _OWN_FOLDERS:
+            if _overlaps(target, (project / own).resolve()):
+                raise ValueError(
+                    f"{self.path!r} overlaps the project's {own!r} folder, which toolhost "
+                    "reads or writes itself: name a separate folder"
+                )
+        if not target.exists():
+            raise ValueError(f"{self.path!r} does not exist (looked for {target})")
+        if not target.is_dir():
+            raise ValueError(f"{self.path!r} is a file, not a folder")
+        return target
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> DataFolder:
+        context = cast("dict[str, object]", info.context or {})
+        root = context.get("root")
+        if isinstance(root, Path):
+            self.resolve(root)
+        return self
+
+
+def _data_shorthand(value: object) -> object:
+    if isinstance(value, str):
+        return {"path": value}
+    if not isinstance(value, dict):
+        raise ValueError(
+            'data is a folder name, "notes", or a table { path = "notes", writable = true }'
+        )
+    return cast("dict[str, object]", value)
+
+
 class CapsulesConfig(_Model):
     """``[capsules]``: where tool files load and where agent code runs."""
 
     default: Literal["subprocess", "wasm"] = "subprocess"
     wasm: list[str] = Field(default_factory=list[str])
     code: Literal["wasm", "subprocess"] = "wasm"
+    data: Annotated[DataFolder | None, BeforeValidator(_data_shorthand)] = None
+    """A project folder the tool capsules may use: a Wasm capsule sees it at ``/data``."""
 
 
 class Defaults(_Model):
@@ -317,7 +396,9 @@ def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
     return start + 1 if section is not None else None
 
 
-def _parse_file(path: Path, text: str | None = None, display: str | None = None) -> PolicyFile:
+def _parse_file(
+    path: Path, text: str | None = None, display: str | None = None, root: Path | None = None
+) -> PolicyFile:
     name = str(path)
     if text is None:
         try:
@@ -332,12 +413,16 @@ def _parse_file(path: Path, text: str | None = None, display: str | None = None)
             f"not valid TOML: {exc}", file=name, line=int(m.group(1)) if m else None
         ) from exc
     try:
-        parsed = PolicyFile.model_validate(data)
+        # Paths in the file (``[capsules] data``) are checked against the project folder.
+        parsed = PolicyFile.model_validate(data, context={"root": root or path.parent})
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(first["loc"])
         field = ".".join(str(p) for p in loc) or None
         message = first["msg"]
+        context = first.get("ctx") or {}
+        if first["type"] == "value_error" and "error" in context:
+            message = str(context["error"])  # without pydantic's "Value error, " prefix
         given = first.get("input")
         if isinstance(given, (str, int, float)) and first["type"] != "value_error":
             message += f" (got {given!r:.60})"
@@ -375,7 +460,8 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
     Args:
         paths: the files, in the order their rules are read.
         root: the project folder; rules without an ``id`` are then named
-            ``policy.toml:12`` rather than by their absolute path.
+            ``policy.toml:12`` rather than by their absolute path. Paths in the files
+            are relative to it (without it: to the folder of the file naming them).
     """
     digest = hashlib.sha256()
     files: list[tuple[str, PolicyFile]] = []
@@ -385,7 +471,7 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
         except (OSError, UnicodeDecodeError) as exc:
             raise PolicyFileError(f"cannot read: {exc}", file=str(path)) from exc
         display = _display(path, root)
-        files.append((display, _parse_file(path, text, display)))
+        files.append((display, _parse_file(path, text, display, root)))
         digest.update(f"{display}\0{len(text)}\0".encode())
         digest.update(text.encode())
     merged: dict[str, Any] = {"files": files, "version": digest.hexdigest()[:12]}

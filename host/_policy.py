@@ -38,6 +38,7 @@ from typing import Any, Final, Literal, cast
 from ._binding import BoundCall
 from ._config import Caller, PolicyConfig, Quota, Rule, load_policy
 from ._discovery import VAR_KEYWORD, VAR_POSITIONAL, ToolSpec
+from ._watch import Watch, open_watch
 from .errors import PolicyFileError
 
 __all__ = [
@@ -338,8 +339,20 @@ class PolicySource:
         """Folders whose listing names the files: re-listed only when they change."""
         self._listed: tuple[tuple[int, int] | None, ...] | None = None
         self._paths: list[Path] = []
+        self._watch: Watch | None = None
+        """Tells whether any policy file may have changed, so most calls stat nothing."""
+        if files is not None:
+            self._watch = open_watch(self._dirs)  # before the first look: no edit is missed
         self._signature = self._stat() if files is not None else ()
         self._digest = self._read_digest() if files is not None else ""
+        if self._watch is not None and not self._watch.add(self._paths):
+            self.close()  # cannot follow every file: check them on every call instead
+
+    def close(self) -> None:
+        """Stop watching the files (the policy is then checked on every call)."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
 
     @property
     def policy(self) -> Policy:
@@ -387,15 +400,21 @@ class PolicySource:
         """The policy to decide one call against. Raises :class:`PolicyFileError`."""
         if self._files is None:
             return self._policy
-        now = time.time()
-        signature = self._stat(now)
-        racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
-        if signature != self._signature or racy:
-            self._signature = signature
-            digest = self._read_digest()
-            if digest != self._digest:
-                self._digest = digest
-                self._reload()
+        watch = self._watch
+        if watch is None or watch.changed():
+            now = time.time()
+            signature = self._stat(now)
+            racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
+            if signature != self._signature or racy:
+                self._signature = signature
+                digest = self._read_digest()
+                # A malformed policy is read again when touched: what it names (a data
+                # folder) may have been fixed outside the file.
+                if digest != self._digest or self._error is not None:
+                    self._digest = digest
+                    self._reload()
+            if watch is not None and not watch.add((*self._dirs, *self._paths)):
+                self.close()
         if self._error is not None:
             raise self._error
         return self._policy

@@ -1,0 +1,133 @@
+"""``[capsules] data``: the policy names a project folder the tool capsules may use.
+
+Written as the host reads it (``load_policy`` with the project root), so errors carry the
+real file, line and field. The capsules' side is in ``test_wasm_capsule.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from host import PolicyFileError, load_policy
+from host._config import CapsulesConfig, DataFolder
+from host._policy import PolicySource
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    for folder in ("tools", "data/inner", "policies", ".agent"):
+        (root / folder).mkdir(parents=True)
+    (root / "afile").write_text("not a folder")
+    (tmp_path / "outside").mkdir()
+    (root / "escape").symlink_to(tmp_path / "outside")
+    (root / "alias").symlink_to(root / "data")
+    return root
+
+
+def write(root: Path, data: str, name: str = "policy.toml") -> Path:
+    path = root / name
+    path.write_text(
+        textwrap.dedent(f"""\
+            version = 1
+            [capsules]
+            wasm = ["notes"]
+            data = {data}
+        """),
+        encoding="utf-8",
+    )
+    return path
+
+
+def capsules(root: Path, data: str) -> CapsulesConfig:
+    return load_policy([write(root, data)], root=root).capsules
+
+
+def test_a_folder_name_is_read_only(project: Path) -> None:
+    config = capsules(project, '"data"')
+    assert config.data == DataFolder(path="data", writable=False)
+    assert config.data is not None
+    assert config.data.resolve(project) == (project / "data").resolve()
+
+
+def test_a_table_says_whether_it_is_writable(project: Path) -> None:
+    assert capsules(project, '{ path = "data" }').data == DataFolder(path="data")
+    writable = capsules(project, '{ path = "data/inner", writable = true }').data
+    assert writable == DataFolder(path="data/inner", writable=True)
+
+
+def test_a_link_inside_the_project_is_followed(project: Path) -> None:
+    config = capsules(project, '"alias"')
+    assert config.data is not None
+    assert config.data.resolve(project) == (project / "data").resolve()
+
+
+def test_without_the_setting_there_is_no_data_folder(project: Path) -> None:
+    (project / "policy.toml").write_text('version = 1\n[capsules]\nwasm = ["notes"]\n')
+    assert load_policy([project / "policy.toml"], root=project).capsules.data is None
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('"/"', "'/' (the whole file system) is an absolute path"),
+        ('"/etc"', "'/etc' is an absolute path"),
+        ('".."', "'..' is outside the project"),
+        ('"data/../../outside"', "is outside the project"),
+        ('"escape"', "'escape' is outside the project (it resolves to"),
+        ('"."', "'.' is the project itself"),
+        ('"data/.."', "is the project itself"),
+        ('"tools"', "overlaps the project's 'tools' folder"),
+        ('"policies"', "overlaps the project's 'policies' folder"),
+        ('".agent"', "overlaps the project's '.agent' folder"),
+        ('"src"', "overlaps the project's 'src/tools' folder"),
+        ('"missing"', "'missing' does not exist"),
+        ('"afile"', "'afile' is a file, not a folder"),
+        ('""', "at least 1 character"),
+        ("5", 'data is a folder name, "notes", or a table'),
+        ('{ path = "data", write = true }', "Extra inputs are not permitted"),
+        ("{ writable = true }", "Field required"),
+        ('{ path = "data", writable = "yes" }', "valid boolean"),
+    ],
+)
+def test_dangerous_or_wrong_values_are_refused(project: Path, value: str, says: str) -> None:
+    (project / "src" / "tools").mkdir(parents=True)
+    with pytest.raises(PolicyFileError) as caught:
+        capsules(project, value)
+    error = caught.value
+    assert says in str(error)
+    assert error.file == str(project / "policy.toml")
+    assert error.line == 4
+    assert error.field is not None and error.field.startswith("capsules.data")
+
+
+def test_paths_are_relative_to_the_project_in_every_file(project: Path) -> None:
+    (project / "policy.toml").write_text("version = 1\n")
+    (project / "policies" / "data").mkdir()  # not this one: paths are the project's
+    extra = write(project, '"data/inner"', "policies/capsules.toml")
+    config = load_policy([project / "policy.toml", extra], root=project).capsules
+    assert config.data is not None
+    assert config.data.resolve(project) == (project / "data" / "inner").resolve()
+
+
+def test_without_a_root_paths_are_relative_to_the_file(project: Path) -> None:
+    assert load_policy([write(project, '"data"')]).capsules.data == DataFolder(path="data")
+    with pytest.raises(PolicyFileError, match="'data' does not exist"):
+        load_policy([write(project, '"data"', "policies/x.toml")])
+
+
+def test_a_reload_naming_a_bad_folder_fails_closed(project: Path) -> None:
+    path = write(project, '"data"')
+    source = PolicySource(load_policy([path], root=project), files=lambda: [path], root=project)
+    assert source.current().version
+    write(project, '"gone"')
+    os.utime(path, ns=(1, 1))  # a different mtime, whatever the clock's resolution
+    with pytest.raises(PolicyFileError, match="'gone' does not exist"):
+        source.current()
+    (project / "gone").mkdir()
+    os.utime(path, ns=(2, 2))
+    assert source.current().version
