@@ -31,10 +31,9 @@ from ._sandbox import CodeResult, CodeSandbox
 from ._scope import Scope
 from ._scope_cache import load_or_build_scope
 from ._store import SQLiteStore, Store, StoreUnavailable
-from ._subprocess import start_subprocess
 from ._supervisor import Supervisor
 from ._transport import TransportFactory
-from ._wasm_capsule import mixed_factory
+from ._wasm_capsule import tool_capsules
 from .errors import HostError, PolicyFileError
 
 __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
@@ -44,14 +43,6 @@ def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while len(group.exceptions) == 1 and isinstance(group.exceptions[0], BaseExceptionGroup):
         group = group.exceptions[0]  # pyright: ignore[reportUnknownVariableType]
     return group.exceptions[0] if len(group.exceptions) == 1 else group
-
-
-def _tool_capsules(config: PolicyConfig) -> TransportFactory:
-    """Subprocess capsules, plus a Wasm capsule for the files ``[capsules]`` names."""
-    capsules = config.capsules
-    if capsules.default == "wasm" or capsules.wasm:
-        return mixed_factory(capsules.wasm, default=capsules.default, fallback=start_subprocess)
-    return start_subprocess
 
 
 class ToolProxy:
@@ -281,7 +272,7 @@ class Host:
                     resolved,
                     discovery,
                     config,
-                    capsule or _tool_capsules(config),
+                    capsule or tool_capsules(config.capsules, resolved.root),
                     tg,
                     store=store or SQLiteStore(resolved.state_dir / "state.db"),
                     approver=approver if approver is not None else default_approver(),
@@ -354,6 +345,7 @@ class Host:
         for session in sessions:
             await session.code.aclose()
             await session.supervisor.aclose()
+        self.policy.close()
 
     @property
     def default_session(self) -> Session:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,15 @@ import capsule
 from capsule.protocol import BadFrame
 
 from ._events import Event, EventBus
-from ._process import kill_tree
+from ._process import kill_tree, spawn_piped
 from ._transport import CapsuleDied, Connection, LoadFailed, LoadReport, LoadRequest
 
-__all__ = ["SubprocessTransport", "start_subprocess"]
+__all__ = ["SubprocessTransport", "start_process", "start_subprocess", "exit_reason"]
+
+Spawn = Callable[[], Awaitable[tuple[anyio.abc.Process, int, int]]]
+"""Starts the child: ``(process, host_write_fd, host_read_fd)``, as ``spawn_piped``."""
+ExitReason = Callable[[int | None, bytes], str]
+"""Why a child ended, from its exit status (``None``: still running) and stderr's tail."""
 
 _CAPSULE_PARENT = str(Path(capsule.__file__).resolve().parent.parent)
 _BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
@@ -83,7 +87,9 @@ class _ConsoleGate(EventBus):
         return self._events.emit(kind, session, **data)
 
 
-def _exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None, stderr_tail: bytes = b"") -> str:
+    """Why a capsule child ended, from its exit status."""
+    del stderr_tail  # a CPython capsule's stderr is tool output, not a reason
     if code is None:
         return "it stopped answering"
     if code < 0:
@@ -104,11 +110,13 @@ class SubprocessTransport:
         connection: Connection,
         gate: EventBus,
         session: str | None,
+        reason: ExitReason = exit_reason,
     ) -> None:
         self._process = process
         self._connection = connection
         self._gate = gate
         self._session = session
+        self._reason = reason
         self._report = LoadReport()
         self._scope = anyio.CancelScope()
         self._killed: str | None = None
@@ -148,6 +156,10 @@ class SubprocessTransport:
             await self._exited.wait()
         self._scope.cancel()
 
+    def exit_reason(self) -> str:
+        """Why the child ended (or that it stopped answering, while it runs)."""
+        return self._reason(self._process.returncode, bytes(self.stderr_tail))
+
     async def _drain_stderr(self) -> None:
         stream = self._process.stderr
         assert stream is not None
@@ -164,9 +176,8 @@ class SubprocessTransport:
                 self._gate.emit("console", self._session, stream="stderr", data=text)
 
     async def _watch(self) -> None:
-        code = await self._process.wait()
-        reason = self._killed or _exit_reason(code)
-        self._connection.fail_all(reason)
+        await self._process.wait()
+        self._connection.fail_all(self._killed or self.exit_reason())
         # Descendants that kept the pipes open must not keep the capsule half-alive, and
         # a worker whose reaper a tool killed must not live on with the orphans it adopted.
         self._kill_tree()
@@ -202,35 +213,21 @@ class SubprocessTransport:
                 await self._process.aclose()
 
 
-async def start_subprocess(
-    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
+async def start_process(
+    request: LoadRequest,
+    events: EventBus,
+    task_group: anyio.abc.TaskGroup,
+    *,
+    spawn: Spawn,
+    reason: ExitReason = exit_reason,
 ) -> SubprocessTransport:
-    """Start a capsule child, load the tool files into it, and return it serving.
+    """Start a capsule child with ``spawn``, load ``request`` into it, return it serving.
 
     If the child dies, hangs or misbehaves while loading, it is killed and
     :class:`LoadFailed` says why, with ``report.culprit`` naming the file being imported;
     the caller retries without that file.
     """
-    command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
-    child_in, host_out = os.pipe()
-    host_in, child_out = os.pipe()
-    try:
-        process = await anyio.open_process(
-            command,
-            stdin=child_in,
-            stdout=child_out,
-            stderr=subprocess.PIPE,
-            cwd=request.cwd,
-            env=dict(request.env),
-            start_new_session=True,
-        )
-    except BaseException:
-        for fd in (host_out, host_in):
-            os.close(fd)
-        raise
-    finally:
-        os.close(child_in)
-        os.close(child_out)
+    process, host_out, host_in = await spawn()
     transport: SubprocessTransport | None = None
 
     def violation(reason: str) -> None:
@@ -246,7 +243,7 @@ async def start_subprocess(
         on_violation=violation,
         max_frame=request.max_frame,
     )
-    transport = SubprocessTransport(process, connection, gate, request.session)
+    transport = SubprocessTransport(process, connection, gate, request.session, reason)
     try:
         await task_group.start(transport.run)
         try:
@@ -254,20 +251,32 @@ async def start_subprocess(
         except CapsuleDied:
             with anyio.move_on_after(2):
                 await transport._exited.wait()  # pyright: ignore[reportPrivateUsage]
-            reason = _exit_reason(process.returncode)
-            await transport.kill(reason)
-            raise LoadFailed(reason, transport.report) from None
+            why = transport.exit_reason()
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
         except TimeoutError:
-            reason = f"importing it did not finish within {request.load_timeout:g} s"
-            await transport.kill(reason)
-            raise LoadFailed(reason, transport.report) from None
+            why = f"importing it did not finish within {request.load_timeout:g} s"
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
         except BadFrame as exc:
-            reason = f"it broke the wire protocol while loading ({exc})"
-            await transport.kill(reason)
-            raise LoadFailed(reason, transport.report) from None
+            why = f"it broke the wire protocol while loading ({exc})"
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
     except BaseException:
         with anyio.CancelScope(shield=True):
             await transport.kill("it failed to load")
         raise
     transport.serving.set()
     return transport
+
+
+async def start_subprocess(
+    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
+) -> SubprocessTransport:
+    """Start a ``python -m capsule`` child and load the tool files into it."""
+    command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+
+    async def spawn() -> tuple[anyio.abc.Process, int, int]:
+        return await spawn_piped(command, cwd=request.cwd, env=request.env)
+
+    return await start_process(request, events, task_group, spawn=spawn)

@@ -1,45 +1,45 @@
 """Tool files in a Wasm capsule (``[capsules] wasm = ["math"]``): same protocol, same
 module persistence, but the tools run in a CPython-WASI guest with no network, no
-processes and no files except their own folder, read-only.
+processes and no files except their own folder, read-only, and the policy's data folder
+(``[capsules] data``), read-only unless the policy says it is writable.
 
-:func:`start_wasm_capsule` is a transport factory like ``start_subprocess``: the guest runs
-the ordinary serve loop (``capsule._wasi.tool_capsule_main``) over its stdin/stdout pipes,
-and the host talks to it through the shared :class:`Connection`. :func:`mixed_factory`
+:func:`start_wasm_capsule` is a transport factory like ``start_subprocess``, and is started
+through the same ``start_process``: the guest runs the ordinary serve loop
+(``capsule._wasi.tool_capsule_main``) over its child's stdin/stdout pipes. :func:`mixed_factory`
 starts the subprocess capsule for the other files next to it and routes each call by
-tool, so the supervisor sees one capsule (restarted as one).
+tool, so the supervisor sees one capsule (restarted as one). :func:`tool_capsules` picks
+the factory a policy asks for.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Collection, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import anyio
 import anyio.abc
 
-from capsule.protocol import BadFrame
-
 from . import _wasm
+from ._config import CapsulesConfig, DataFolder
 from ._events import EventBus
-from ._process import kill_tree
-from ._transport import (
-    CapsuleDied,
-    Connection,
-    LoadFailed,
-    LoadReport,
-    LoadRequest,
-    Transport,
-    TransportFactory,
-)
+from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
+from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
 
-__all__ = ["WasmCapsule", "start_wasm_capsule", "mixed_factory"]
+__all__ = ["start_wasm_capsule", "mixed_factory", "tool_capsules", "DATA_GUEST", "DATA_ENV"]
 
-TOOLS_GUEST = "/project/tools"
+TOOLS_GUEST: Final = "/project/tools"
 """Where a Wasm capsule sees the tools folder (read-only)."""
 
-MEMORY = 1024 * 1024 * 1024
+DATA_GUEST: Final = "/data"
+"""Where a Wasm capsule sees the policy's data folder (``[capsules] data``)."""
+
+DATA_ENV: Final = "TOOLHOST_DATA"
+"""The variable that tells tool code where the data folder is: ``/data`` in a Wasm
+capsule, the folder's host path in a subprocess capsule; unset without a data folder."""
+
+MEMORY: Final = 1024 * 1024 * 1024
 """The memory cap of one Wasm tool capsule."""
 
 
@@ -48,162 +48,46 @@ def _exit_reason(code: int | None, tail: bytes) -> str:
     trap = [line for line in text if line.startswith(_wasm.TRAP_PREFIX)]
     if trap:
         return "the guest trapped: " + trap[-1][len(_wasm.TRAP_PREFIX) :]
-    if code is None:
-        return "it stopped answering"
-    return f"it exited with status {code}" if code >= 0 else f"it was killed by signal {-code}"
-
-
-class WasmCapsule:
-    """A Wasm guest serving tool calls, in a child process of its own."""
-
-    def __init__(
-        self, process: anyio.abc.Process, connection: Connection, events: EventBus, session: str
-    ) -> None:
-        self._process = process
-        self._connection = connection
-        self._events = events
-        self._session = session
-        self._report = LoadReport()
-        self._scope = anyio.CancelScope()
-        self._killed: str | None = None
-        self.exited = anyio.Event()
-        self.serving = anyio.Event()
-        self.stderr_tail = bytearray()
-
-    @property
-    def report(self) -> LoadReport:
-        return self._report
-
-    @property
-    def alive(self) -> bool:
-        return self._connection.dead is None and self._killed is None
-
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        return await self._connection.call(call_id, tool, encoded, timeout)
-
-    def kill_now(self, reason: str) -> None:
-        if self._killed is None:
-            self._killed = reason
-        kill_tree(self._process.pid)
-
-    async def kill(self, reason: str) -> None:
-        self.kill_now(reason)
-        self._connection.fail_all(reason)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await self.exited.wait()
-        self._scope.cancel()
-
-    def exit_reason(self) -> str:
-        return _exit_reason(self._process.returncode, bytes(self.stderr_tail))
-
-    async def _drain_stderr(self) -> None:
-        stream = self._process.stderr
-        assert stream is not None
-        budget = 1024 * 1024  # console output of one capsule, then only the tail is kept
-        with contextlib.suppress(
-            anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
-        ):
-            while True:
-                data = await stream.receive(1 << 16)
-                self.stderr_tail += data
-                del self.stderr_tail[: max(0, len(self.stderr_tail) - 16384)]
-                if budget > 0:
-                    budget -= len(data)
-                    text = data.decode("utf-8", "replace")
-                    self._events.emit("console", self._session, stream="stderr", data=text)
-
-    async def _watch(self) -> None:
-        await self._process.wait()
-        self._connection.fail_all(self._killed or self.exit_reason())
-        kill_tree(self._process.pid)
-        self.exited.set()
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Own the capsule's background tasks until it ends."""
-        try:
-            with self._scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._drain_stderr)
-                    tg.start_soon(self._watch)
-                    task_status.started()
-                    await self.serving.wait()
-                    await self._connection.run()
-                    with anyio.move_on_after(5):
-                        await self.exited.wait()
-                    tg.cancel_scope.cancel()
-        finally:
-            self._connection.close()
-            if self._process.returncode is None:
-                kill_tree(self._process.pid)
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(5),
-                contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError),
-            ):
-                await self._process.aclose()
+    return exit_reason(code)
 
 
 async def start_wasm_capsule(
-    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
-) -> WasmCapsule:
-    """Start a Wasm tool capsule, load ``request.files`` into it, return it serving."""
+    request: LoadRequest,
+    events: EventBus,
+    task_group: anyio.abc.TaskGroup,
+    *,
+    data: _wasm.Preopen | None = None,
+) -> SubprocessTransport:
+    """Start a Wasm tool capsule, load ``request.files`` into it, return it serving.
+
+    ``data`` is the policy's data folder, already checked, mounted at its ``guest`` path
+    (:data:`DATA_GUEST`), which :data:`DATA_ENV` names to the tools.
+    """
     try:
         prepared = await _wasm.prepare()
     except _wasm.WasmUnavailable as exc:
         raise LoadFailed(f"the Wasm runtime is unavailable: {exc}", LoadReport()) from exc
+    env = {**request.env, "MSGPACK_PUREPYTHON": "1"}
+    preopens = [
+        _wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False),
+        _wasm.Preopen(request.tools_dir, TOOLS_GUEST, writable=False),
+    ]
+    if data is not None:
+        env[DATA_ENV] = data.guest
+        preopens.append(data)
     spec = _wasm.GuestSpec(
         cwasm=prepared.cwasm,
         argv=_wasm.guest_argv("from capsule._wasi import tool_capsule_main; tool_capsule_main()"),
-        env={**request.env, "MSGPACK_PUREPYTHON": "1"},
-        preopens=[
-            _wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False),
-            _wasm.Preopen(request.tools_dir, TOOLS_GUEST, writable=False),
-        ],
+        env=env,
+        preopens=preopens,
         memory=MEMORY,
     )
-    process, host_out, host_in = await _wasm.spawn_guest(spec)
-    capsule: WasmCapsule | None = None
 
-    def violation(reason: str) -> None:
-        if capsule is not None:
-            capsule.kill_now(reason)
+    async def spawn() -> tuple[anyio.abc.Process, int, int]:
+        return await _wasm.spawn_guest(spec)
 
-    connection = Connection(
-        host_out,
-        host_in,
-        events=events,
-        session=request.session,
-        on_violation=violation,
-        max_frame=request.max_frame,
-    )
-    capsule = WasmCapsule(process, connection, events, request.session or "")
     guest_request = dataclasses.replace(request, tools_dir=TOOLS_GUEST)
-    try:
-        await task_group.start(capsule.run)
-        try:
-            await connection.load(guest_request, capsule.report)
-        except CapsuleDied:
-            with anyio.move_on_after(2):
-                await capsule.exited.wait()
-            reason = capsule.exit_reason()
-            await capsule.kill(reason)
-            raise LoadFailed(reason, capsule.report) from None
-        except TimeoutError:
-            reason = f"importing it did not finish within {request.load_timeout:g} s"
-            await capsule.kill(reason)
-            raise LoadFailed(reason, capsule.report) from None
-        except BadFrame as exc:
-            reason = f"it broke the wire protocol while loading ({exc})"
-            await capsule.kill(reason)
-            raise LoadFailed(reason, capsule.report) from None
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await capsule.kill("it failed to load")
-        raise
-    capsule.serving.set()
-    return capsule
+    return await start_process(guest_request, events, task_group, spawn=spawn, reason=_exit_reason)
 
 
 class _Mixed:
@@ -247,20 +131,53 @@ def _subset(request: LoadRequest, files: list[str]) -> LoadRequest:
     return dataclasses.replace(request, files=files, tools=tools)
 
 
+def _data_folder(data: DataFolder | None, root: Path) -> Path | None:
+    """The data folder checked again now: it may have gone, or become a link, since."""
+    if data is None:
+        return None
+    try:
+        return data.resolve(root)
+    except ValueError as exc:
+        raise LoadFailed(f"the policy's data folder is refused: {exc}", LoadReport()) from None
+
+
 def mixed_factory(
-    wasm_files: Collection[str], *, default: str, fallback: TransportFactory
+    wasm_files: Collection[str],
+    *,
+    default: str,
+    fallback: TransportFactory,
+    data: DataFolder | None = None,
+    root: Path | None = None,
 ) -> TransportFactory:
     """Tool files in ``wasm_files`` (all of them when ``default`` is ``"wasm"``) load into a
-    Wasm capsule; the rest into ``fallback``'s capsule."""
+    Wasm capsule; the rest into ``fallback``'s capsule.
+
+    ``data`` (relative to the project folder ``root``) is checked at every start and given
+    to both: the Wasm capsule mounts it, the other one only learns its path.
+    """
     chosen = set(wasm_files)
 
     async def start(request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup) -> Any:
+        folder = _data_folder(data, root or Path(request.cwd))
         in_wasm = [f for f in request.files if default == "wasm" or f in chosen]
         others = [f for f in request.files if f not in in_wasm]
         parts: list[Transport] = []
         routes: dict[str, Transport] = {}
+
+        async def wasm(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:
+            mount = None
+            if folder is not None:
+                assert data is not None
+                mount = _wasm.Preopen(str(folder), DATA_GUEST, writable=data.writable)
+            return await start_wasm_capsule(request, events, tg, data=mount)
+
+        async def native(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:
+            if folder is not None:
+                request = dataclasses.replace(request, env={**request.env, DATA_ENV: str(folder)})
+            return await fallback(request, events, tg)
+
         try:
-            for files, factory in ((others, fallback), (in_wasm, start_wasm_capsule)):
+            for files, factory in ((others, native), (in_wasm, wasm)):
                 if not files:
                     continue
                 sub = _subset(request, files)
@@ -275,9 +192,23 @@ def mixed_factory(
         if len(parts) == 1:
             return parts[0]
         if not parts:
-            return await fallback(request, events, task_group)
+            return await native(request, events, task_group)
         mixed = _Mixed(parts, routes)
         task_group.start_soon(mixed.linked)
         return mixed
 
     return start
+
+
+def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
+    """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
+    subprocess capsules, plus a Wasm capsule for the files it names."""
+    if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
+        return mixed_factory(
+            capsules.wasm,
+            default=capsules.default,
+            fallback=start_subprocess,
+            data=capsules.data,
+            root=root,
+        )
+    return start_subprocess

@@ -1,8 +1,10 @@
 """Tool files listed in ``[capsules] wasm`` run in a Wasm capsule: same calls, same module
-state, but no network, no processes and no files outside their own (read-only) folder."""
+state, but no network, no processes and no files outside their own (read-only) folder and
+the policy's data folder (``[capsules] data``: read-only unless the policy says so)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from host import Host, ToolError
+from host import Host, HostError, ToolError
 
 from .test_wasm import wasm_prepared
 
@@ -45,6 +47,14 @@ TOOLS = {
                 f.write("x")
 
 
+        def listdir(path: str) -> list[str]:
+            return sorted(os.listdir(path))
+
+
+        def symlink(target: str, path: str) -> None:
+            os.symlink(target, path)
+
+
         def connect(port: int) -> None:
             import socket
 
@@ -61,6 +71,12 @@ TOOLS = {
 
         def native_platform() -> str:
             return sys.platform
+
+
+        def native_data() -> str | None:
+            import os
+
+            return os.environ.get("TOOLHOST_DATA")
     """,
 }
 POLICY = """
@@ -80,6 +96,8 @@ async def test_listed_files_load_into_a_wasm_capsule(
     secret = tmp_path / "secret.txt"
     secret.write_text("file-canary")
     project = make_project(tools=TOOLS, policy=POLICY)
+    (project / "data").mkdir()
+    (project / "data" / "notes.txt").write_text("not named by the policy")
     async with Host.open(project) as host:
         assert await host.call("where") == {"platform": "wasi", "calls": 1}
         assert await host.call("where") == {"platform": "wasi", "calls": 2}  # module state
@@ -95,8 +113,83 @@ async def test_listed_files_load_into_a_wasm_capsule(
         with pytest.raises(ToolError):
             await host.call("write", "/project/tools/new.py")
         assert not (project / "tools" / "new.py").exists()
+        # Without [capsules] data no other folder is there, and nothing says otherwise.
+        assert "TOOLHOST_DATA" not in await host.call("environ")
+        assert await host.call("native_data") is None
+        for path in ("/data/notes.txt", "/data", "/"):
+            with pytest.raises(ToolError):
+                await host.call("listdir" if not path.endswith(".txt") else "read", path)
         with pytest.raises(ToolError):
             await host.call("connect", 9)
         # Agent code calls Wasm tools like any other.
         result = await host.run_code("(await where())['platform']")
         assert result.ok and result.value == "wasi"
+
+
+def data_project(make_project: Callable[..., Path], data: str) -> tuple[Path, Path]:
+    """A project whose policy names ``data``; a canary file next to it, and a link from
+    the data folder to the canary made on the host."""
+    project = make_project(tools=TOOLS, policy=POLICY + f"    data = {data}\n")
+    folder = project / "data"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the notes")
+    canary = project.parent / "canary.txt"
+    canary.write_text("file-canary")
+    (folder / "out").symlink_to(canary)
+    return project, canary
+
+
+async def outside_is_unreadable(host: Host, canary: Path) -> None:
+    for path in (str(canary), "/data/../canary.txt", "/data/out", "/etc/passwd"):
+        with pytest.raises(ToolError):
+            await host.call("read", path)
+
+
+async def test_a_read_only_data_folder(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    project, canary = data_project(make_project, '"data"')
+    folder = project / "data"
+    async with Host.open(project) as host:
+        assert (await host.call("environ"))["TOOLHOST_DATA"] == "/data"
+        assert await host.call("read", "/data/notes.txt") == "the notes"
+        assert await host.call("listdir", "/data") == ["notes.txt", "out"]
+        for path in ("/data/new.txt", "/data/notes.txt"):
+            with pytest.raises(ToolError) as caught:
+                await host.call("write", path)
+            assert caught.value.type_name == "PermissionError"
+        assert sorted(os.listdir(folder)) == ["notes.txt", "out"]
+        assert (folder / "notes.txt").read_text() == "the notes"
+        await outside_is_unreadable(host, canary)
+        # The subprocess capsule is told where the folder is (it is not contained).
+        assert await host.call("native_data") == str(folder.resolve())
+        # The folder is checked again whenever a capsule starts: a link out is refused.
+        folder.rename(project / "moved")
+        folder.symlink_to(canary.parent)
+        with pytest.raises(HostError, match=r"data folder is refused.*outside the project"):
+            async with host.session() as session:
+                await session.call("where")
+        assert await host.call("read", "/data/notes.txt") == "the notes"  # already open
+
+
+async def test_a_writable_data_folder(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    project, canary = data_project(make_project, '{ path = "data", writable = true }')
+    folder = project / "data"
+    async with Host.open(project) as host:
+        await host.call("write", "/data/new.txt")
+        assert (folder / "new.txt").read_text() == "x"
+        assert await host.call("read", "/data/new.txt") == "x"
+        await outside_is_unreadable(host, canary)
+        # A link the tool makes is not followed out of the folder either.
+        with contextlib.suppress(ToolError):
+            await host.call("symlink", "../../canary.txt", "/data/escape")
+        with pytest.raises(ToolError):
+            await host.call("read", "/data/escape")
+        # Only the data folder is writable.
+        with pytest.raises(ToolError):
+            await host.call("write", "/project/tools/new.py")
+        assert not (project / "tools" / "new.py").exists()
