@@ -341,6 +341,31 @@ def summarize_arguments(
     arguments: Mapping[str, Any], *, redactor: Redactor | None = None, limit: int = 512
 ) -> str:
     """A one-line, redacted summary for the audit: short previews, at most ``limit`` chars."""
-    renderer = _Renderer(redactor or Redactor(), 40, 4, 2)
-    text = ", ".join(f"{escape_text(k)}={renderer.value(v)}" for k, v in arguments.items())
+    renderer: _Renderer | None = None
+    parts: list[str] = []
+    for key, value in arguments.items():
+        name = key if key.isascii() and key.isidentifier() else escape_text(key)
+        kind: type[Any] = type(value)
+        if value is None or kind is bool or kind is int or kind is float:
+            shown = repr(value)
+        elif kind is str and not redactor and _plain_short(value):
+            shown = f'"{value}"'  # what the renderer shows for it, without its work
+        else:
+            if renderer is None:
+                renderer = _Renderer(redactor or Redactor(), 40, 4, 2)
+            shown = renderer.value(value)
+        parts.append(f"{name}={shown}")
+    text = ", ".join(parts)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain_short(text: str) -> bool:
+    """Short printable ASCII with nothing to escape, collapse or warn about."""
+    return (
+        len(text) <= 40
+        and text.isascii()
+        and text.isprintable()
+        and "\\" not in text
+        and '"' not in text
+        and "        " not in text
+    )

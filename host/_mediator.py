@@ -34,7 +34,7 @@ from ._policy import Decision, Policy, PolicySource, policy_arguments
 from ._quotas import Quotas, Reservation
 from ._schema import ArgumentValidator
 from ._scope import Scope
-from ._store import AuditRecord, Outcome, Store, StoreUnavailable
+from ._store import DONE, AuditRecord, Outcome, Store, StoreUnavailable
 from .errors import (
     CallError,
     HostError,
@@ -147,48 +147,59 @@ class Mediator:
     ) -> Any:
         """One mediated call, from name to value."""
         number = next(self._ids)
-        record = AuditRecord(
-            call_id=f"{self.host_id}.{number}",
-            host_id=self.host_id,
-            started=time.time(),
-            session=session,
-            caller=caller,
-            tool=_shown_name(name),
-            outcome="started",
-        )
+        call_id = f"{self.host_id}.{number}"
+        started = time.time()
+        policy_version: str | None = None
+        tool: str | None = None
         try:
             policy = self.policy.current()  # one version for the whole call
-            record = replace(record, policy_version=policy.version)
+            policy_version = policy.version
             spec = self.lookup(name)
-            record = replace(record, tool=spec.name)
+            tool = spec.name
             bound = self.bind(spec, args, kwargs)
         except HostError as exc:  # unknown tool, invalid or huge arguments, broken policy
+            record = AuditRecord(
+                call_id=call_id,
+                host_id=self.host_id,
+                started=started,
+                session=session,
+                caller=caller,
+                tool=tool if tool is not None else _shown_name(name),
+                outcome="started",
+                policy_version=policy_version,
+            )
             await self._refused(record, exc)
             raise
-        digest = sha256(bound.encoded).hexdigest()
         decision = self.decide(spec, bound, caller, policy)
-        record = replace(
-            record,
+        record = AuditRecord(
+            call_id=call_id,
+            host_id=self.host_id,
+            started=started,
+            session=session,
+            caller=caller,
+            tool=tool,
+            outcome="started",
+            policy_version=policy_version,
             decision=decision.decision,
             rule=decision.rule,
-            args_sha256=digest,
+            args_sha256=sha256(bound.encoded).hexdigest(),
             args_size=len(bound.encoded),
             args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
         )
         self.events.emit(
             "policy_decision",
             session,
-            call_id=record.call_id,
-            tool=spec.name,
+            call_id=call_id,
+            tool=tool,
             caller=caller,
             decision=decision.decision,
             rule=decision.rule,
-            policy_version=policy.version,
+            policy_version=policy_version,
         )
         ticket = await self._admit(record, decision, policy, bound)
         try:
             if ticket is not None:  # the approval is spent here, on exactly these bytes
-                ticket.redeem(record.call_id, session, spec.name, bound.encoded)
+                ticket.redeem(call_id, session, tool, bound.encoded)
             value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
         except BaseException as exc:
             await self._finish(record, exc)
@@ -203,6 +214,7 @@ class Mediator:
         tool = record.tool
         reservation: Reservation | None = None
         ticket: Ticket | None = None
+        recorded = False
         try:
             if decision.decision == "deny":
                 raise PolicyDenied(tool, rule=decision.rule, reason=decision.reason)
@@ -225,20 +237,31 @@ class Mediator:
                     )
                 )
                 record = replace(record, approval=ticket.how)
-            await self.store.record(record, durable=True)
+            written = self.store.record(record, durable=True)
+            recorded = True
+            if written is not DONE:  # the store waits for its disk: the call waits with it
+                await written
         except StoreUnavailable as exc:
             if reservation is not None:
                 reservation.release()
             self.events.emit("audit_unavailable", record.session, reason=str(exc))
-            raise PolicyDenied(
+            denied = PolicyDenied(
                 tool,
                 rule="audit_unavailable",
                 reason="the audit trail cannot be written, so nothing runs",
-            ) from None
+            )
+            if recorded:  # its decision is in the journal: close it there
+                await self._write(record, ("denied", denied.kind, self._error_text(denied)))
+            else:
+                await self._refused(record, denied)  # kept if the journal still takes it
+            raise denied from None
         except BaseException as exc:
             if reservation is not None:
                 reservation.release()
-            await self._refused(record, exc)
+            if recorded:  # cancelled while the decision went to disk: close its record
+                await self._write(record, ("denied", "cancelled", None))
+            else:
+                await self._refused(record, exc)
             raise
         return ticket
 
@@ -275,15 +298,16 @@ class Mediator:
         """Close the call's record with its outcome."""
         outcome: Outcome
         if exc is None:
-            outcome = "ok"
-        elif isinstance(exc, CallError) and exc.kind in ("not_approved", "policy_denied"):
+            await self._write(record, ("ok", None, None))
+            return
+        if isinstance(exc, CallError) and exc.kind in ("not_approved", "policy_denied"):
             outcome = "denied"  # the approval did not fit the call: nothing ran
         elif isinstance(exc, CallError) and not getattr(exc, "may_have_executed", False):
             outcome = "failed"
         else:
             outcome = "unknown"  # timed out, crashed in flight, or cancelled while running
-        kind = None if exc is None else exc.kind if isinstance(exc, HostError) else "cancelled"
-        text = None if exc is None or not isinstance(exc, HostError) else self._error_text(exc)
+        kind = exc.kind if isinstance(exc, HostError) else "cancelled"
+        text = self._error_text(exc) if isinstance(exc, HostError) else None
         await self._write(record, (outcome, kind, text))
 
     async def _write(
@@ -291,15 +315,17 @@ class Mediator:
     ) -> None:
         """Best effort for records after the fact; a failure is an event (and the open
         record, if any, is closed as ``unknown`` by the next host)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            try:
-                if outcome is None:
-                    await self.store.record(record, durable=False)
-                else:
-                    await self.store.finish(
-                        record.call_id, outcome[0], error_kind=outcome[1], error=outcome[2]
-                    )
-            except StoreUnavailable as exc:
-                self.events.emit(
-                    "audit_unavailable", record.session, call_id=record.call_id, reason=str(exc)
+        try:
+            if outcome is None:
+                written = self.store.record(record, durable=False)
+            else:
+                written = self.store.finish(
+                    record.call_id, outcome[0], error_kind=outcome[1], error=outcome[2]
                 )
+            if written is not DONE:  # a store that waits: not cut short by a cancellation
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await written
+        except StoreUnavailable as exc:
+            self.events.emit(
+                "audit_unavailable", record.session, call_id=record.call_id, reason=str(exc)
+            )

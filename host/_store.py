@@ -8,7 +8,7 @@ provide the same methods.
 The audit contract (DESIGN.md section 3, SECURITY_CATALOGUE.md H07/H08):
 
 * a call's decision is written, durably, before the call is dispatched
-  (:meth:`Store.record` with ``durable=True`` waits for the disk), and its outcome after
+  (:meth:`Store.record` with ``durable=True``), and its outcome after
   (:meth:`Store.finish`); a call refused before dispatch gets one terminal record;
 * a record left ``started`` by a host that died is closed as ``unknown`` by the next
   host that opens the store (:meth:`Store.start`). Each host holds a lock file under
@@ -17,28 +17,35 @@ The audit contract (DESIGN.md section 3, SECURITY_CATALOGUE.md H07/H08):
   call (fail closed). Nothing here ever sees raw argument values: records carry a hash,
   a size and a redacted, bounded summary made by the caller.
 
-SQLite calls run on a worker thread (one at a time), never on the event loop. Audit
-writes that arrive while a commit runs share the next commit (group commit), so calls in
-flight together share one disk sync.
+:class:`SQLiteStore` makes an audit record durable by appending it to a memory-mapped
+journal (``host/_journal.py``): about a microsecond on the event loop's thread, and safe
+from the moment it returns against the host being killed or crashing. A thread of its own
+moves the records into SQLite in batches. With ``durability="power"`` a decision also
+waits for the journal to reach the disk (``msync``; calls in flight together share one).
+Other SQLite work runs on a worker thread (one at a time), never on the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sqlite3
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 
+from . import _journal
+from ._journal import COLUMNS, END, ROW, Ingester, Journal
+
 __all__ = [
+    "DONE",
     "AuditRecord",
+    "Durability",
     "Grant",
     "PendingApproval",
     "Store",
@@ -49,6 +56,28 @@ __all__ = [
 
 Outcome = Literal["started", "ok", "denied", "failed", "unknown"]
 """``started`` until the call ends; then exactly one terminal outcome."""
+
+Durability = Literal["process", "power"]
+"""What a decision written before dispatch survives: the host process being killed or
+crashing (``process``), or also a power cut or kernel crash (``power``: a disk sync)."""
+
+
+class _Done:
+    """An awaitable that is already done: what a write that finished at once returns."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: Any = _Done()
+"""Returned by :meth:`Store.record`/:meth:`Store.finish` when the write is already as
+durable as asked; the mediator then has nothing to wait for."""
 
 _T = TypeVar("_T")
 
@@ -208,14 +237,16 @@ class Store(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def record(self, record: AuditRecord, *, durable: bool) -> None:
-        """Add one audit record; with ``durable``, return only once it is on disk."""
+    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
+        """Add one audit record. The returned awaitable is done once it is durable
+        (with ``durable``: safe for the call to be dispatched); return :data:`DONE` when
+        it already is. A plain ``async def`` implementation is fine too."""
         ...
 
-    async def finish(
+    def finish(
         self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
-    ) -> None:
-        """Close a ``started`` record with its outcome."""
+    ) -> Awaitable[None]:
+        """Close a ``started`` record with its outcome (awaitable as :meth:`record`)."""
         ...
 
     async def tail(self, count: int) -> list[AuditRecord]:
@@ -312,6 +343,51 @@ def _audit(row: sqlite3.Row) -> AuditRecord:
     return AuditRecord(**_columns(row))
 
 
+def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[AuditRecord]:
+    """The last ``count`` audit records, oldest first, from the database and the journals
+    (of running hosts, or of dead ones not yet replayed) under ``journals``."""
+    count = max(count, 0)
+    rows = conn.execute("SELECT * FROM audit ORDER BY seq DESC LIMIT ?", (count,)).fetchall()
+    records = {r.call_id: r for r in (_audit(row) for row in reversed(rows))}
+    fresh: dict[str, AuditRecord] = {}
+    ends: dict[str, list[Any]] = {}
+    for paths in _journal.segments(journals).values():
+        for path in paths:
+            for entry in _journal.read_segment(path):
+                if entry[0] == ROW:
+                    fresh[entry[1]] = AuditRecord(**dict(zip(COLUMNS, entry[1:], strict=True)))
+                else:
+                    ends[entry[1]] = entry
+    if fresh:  # journaled rows that already reached the database are the database's
+        ids = list(fresh)
+        for at in range(0, len(ids), 500):
+            chunk = ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            for (call_id,) in conn.execute(
+                f"SELECT call_id FROM audit WHERE call_id IN ({marks})", chunk
+            ):
+                fresh.pop(call_id, None)
+    merged = list(records.values()) + list(fresh.values())
+    out: list[AuditRecord] = []
+    for record in merged[len(merged) - count :] if count else []:
+        end = ends.get(record.call_id)
+        if end is not None and record.outcome == "started":
+            record = replace(record, outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
+        out.append(record)
+    return out
+
+
+def read_audit(path: Path, count: int) -> list[AuditRecord]:
+    """The last ``count`` records of the audit trail of the database at ``path`` as any
+    reader sees it, journals of running hosts included (read-only; any process)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return tail_audit(conn, path.parent / "journal", count)
+    finally:
+        conn.close()
+
+
 def _grant(row: sqlite3.Row) -> Grant:
     return Grant(
         id=row["id"],
@@ -325,51 +401,48 @@ def _grant(row: sqlite3.Row) -> Grant:
     )
 
 
-@dataclass(slots=True)
-class _Queued:
-    work: Callable[[sqlite3.Connection], None]
-    durable: bool
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: StoreUnavailable | None = None
-
-
-def _commit(conn: sqlite3.Connection, *, batch: list[_Queued]) -> None:
-    """One transaction for a batch of audit writes; synced to disk if any asks for it."""
-    conn.execute(f"PRAGMA synchronous={'FULL' if any(q.durable for q in batch) else 'NORMAL'}")
-    conn.execute("BEGIN IMMEDIATE")
-    for queued in batch:
-        conn.execute("SAVEPOINT write")
-        try:
-            queued.work(conn)
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK TO write")
-            queued.error = StoreUnavailable(f"an audit write failed: {exc}")
-        conn.execute("RELEASE write")
-    conn.execute("COMMIT")
-
-
 class SQLiteStore:
     """The :class:`Store` on one SQLite file in WAL mode.
 
+    Audit records go to a journal first (``journal/`` beside the database) and reach the
+    database within ``interval`` seconds; :meth:`tail`, and any reader using it, sees them
+    at once either way.
+
     Args:
         path: the database file (created with its folder).
-        durable: when true (the default), a ``durable`` write waits until SQLite has
-            synced the log to disk, so a decision survives a power cut; false trades that
-            for speed (a killed host still loses nothing written).
+        durability: ``"process"`` (the default): a decision is in the operating system's
+            hands before its call is dispatched, so a host that is killed or crashes loses
+            nothing, at about a microsecond per record. ``"power"``: it is also on the disk
+            (an ``msync`` of the journal, shared by the calls in flight together, a few
+            milliseconds here), so it survives a power cut too.
         busy_timeout: seconds to wait for another process holding the write lock.
+        interval: seconds between the journal's batches into the database.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, durable: bool = True, busy_timeout: float = 5.0
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "process",
+        busy_timeout: float = 5.0,
+        interval: float = 0.05,
     ) -> None:
+        if durability not in ("process", "power"):
+            raise ValueError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
-        self._durable = durable
+        self.durability: Durability = durability
         self._busy_timeout = busy_timeout
+        self._interval = interval
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
         self._lock: _HostLock | None = None
-        self._queue: list[_Queued] = []
-        self._committing = False
+        self._journal: Journal | None = None
+        self._ingester: Ingester | None = None
+        self._open: set[str] = set()
+        """Call ids recorded as ``started`` and not yet finished."""
+        self._appended = 0
+        self._synced = 0
+        self._syncing: anyio.Event | None = None
         self.host_id: str | None = None
 
     def __repr__(self) -> str:
@@ -379,6 +452,10 @@ class SQLiteStore:
     @property
     def _hosts(self) -> Path:
         return self.path.parent / "hosts"
+
+    @property
+    def _journals(self) -> Path:
+        return self.path.parent / "journal"
 
     async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         def work() -> _T:
@@ -410,8 +487,20 @@ class SQLiteStore:
         if str(mode).lower() != "wal":
             conn.close()
             raise StoreUnavailable(f"{self.path}: cannot switch to WAL mode (got {mode})")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        sync = "FULL" if self.durability == "power" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
         conn.executescript(_SCHEMA)
+        return conn
+
+    def _ingest_connection(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,  # made and used on the ingester's thread only
+        )
+        sync = "FULL" if self.durability == "power" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
         return conn
 
     async def start(self, host_id: str) -> int:
@@ -419,6 +508,9 @@ class SQLiteStore:
             try:
                 self._conn = self._connect()
                 self._lock = _HostLock(self._hosts, host_id)
+                self._journal = Journal(
+                    self._journals, host_id, sync_dirs=self.durability == "power"
+                )
             except (sqlite3.Error, OSError) as exc:
                 raise StoreUnavailable(
                     f"cannot open the state database {self.path}: {exc}"
@@ -427,6 +519,7 @@ class SQLiteStore:
             return 0
 
         await anyio.to_thread.run_sync(open_and_reconcile, limiter=self._limiter)
+        self._ingester = Ingester(self._ingest_connection, interval=self._interval)
         return await self.reconcile()
 
     async def reconcile(self) -> int:
@@ -434,6 +527,10 @@ class SQLiteStore:
         mine = self.host_id
 
         def work(conn: sqlite3.Connection) -> int:
+            journals = _journal.segments(self._journals)
+            for host, paths in journals.items():  # records that never reached the database
+                if host != mine and _HostLock.is_dead(self._hosts, host):
+                    _journal.replay(conn, paths)
             hosts = [
                 row[0]
                 for row in conn.execute(
@@ -462,6 +559,15 @@ class SQLiteStore:
         return await self._run(work)
 
     async def aclose(self) -> None:
+        journal, self._journal = self._journal, None
+        ingester, self._ingester = self._ingester, None
+        last = journal.close() if journal is not None else None
+        if ingester is not None:
+            if last is not None:
+                ingester.seal(last)  # removed once committed; else the next host replays it
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ingester.stop, self._busy_timeout + 1.0)
+
         def close() -> None:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -477,65 +583,115 @@ class SQLiteStore:
 
     # -- audit ---------------------------------------------------------------------------
 
-    async def record(self, record: AuditRecord, *, durable: bool) -> None:
-        data = record.to_data()
-        del data["seq"]
-        columns = ", ".join(data)
-        marks = ", ".join("?" for _ in data)
+    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
+        journal, ingester = self._journal, self._ingester
+        if journal is None or ingester is None:
+            raise StoreUnavailable(f"the state database {self.path} is not open")
+        call_id = record.call_id
+        if durable:  # a decision: nothing runs unless the whole trail is healthy
+            if ingester.error is not None:
+                raise StoreUnavailable(ingester.error)
+            if ingester.pending > ingester.backlog:
+                raise StoreUnavailable(
+                    f"the audit database is {ingester.pending} records behind the journal"
+                )
+        if call_id in self._open:
+            raise StoreUnavailable(f"the call id {call_id} is already in the audit trail")
+        entry = [
+            ROW,
+            call_id,
+            record.host_id,
+            record.started,
+            record.session,
+            record.caller,
+            record.tool,
+            record.outcome,
+            record.policy_version,
+            record.decision,
+            record.rule,
+            record.approval,
+            record.args_sha256,
+            record.args_size,
+            record.args_summary,
+            record.ended,
+            record.error_kind,
+            record.error,
+        ]
+        self._append(journal, ingester, entry)
+        ingester.row(entry)
+        if record.outcome == "started":
+            self._open.add(call_id)
+        if durable and self.durability == "power":
+            return self._sync(journal)
+        return DONE
 
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute(f"INSERT INTO audit ({columns}) VALUES ({marks})", tuple(data.values()))
-
-        await self._write(work, durable=durable and self._durable)
-
-    async def finish(
+    def finish(
         self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
-    ) -> None:
-        now = time.time()
+    ) -> Awaitable[None]:
+        journal, ingester = self._journal, self._ingester
+        if journal is None or ingester is None:
+            raise StoreUnavailable(f"the state database {self.path} is not open")
+        if call_id not in self._open:
+            return DONE  # never started here, or already closed: a terminal outcome stays
+        entry = [END, call_id, outcome, time.time(), error_kind, error]
+        self._append(journal, ingester, entry)
+        self._open.discard(call_id)
+        ingester.end(entry)
+        return DONE
 
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE audit SET outcome = ?, ended = ?, error_kind = ?, error = ? "
-                "WHERE call_id = ? AND outcome = 'started'",
-                (outcome, now, error_kind, error, call_id),
-            )
+    def _append(self, journal: Journal, ingester: Ingester, entry: list[Any]) -> None:
+        try:
+            sealed = journal.append(entry)
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"the audit journal cannot be written: {exc}") from exc
+        if sealed is not None:
+            ingester.seal(sealed)
+        self._appended += 1
 
-        await self._write(work, durable=False)
-
-    async def _write(self, work: Callable[[sqlite3.Connection], None], *, durable: bool) -> None:
-        """Group commit: writes queued while one commit runs share the next one.
-
-        The first writer to find no commit running becomes the leader and commits batches
-        until the queue is empty (shielded: its followers depend on it); each write runs
-        in its own savepoint, so one failing write does not fail the others.
-        """
-        entry = _Queued(work, durable)
-        self._queue.append(entry)
-        if not self._committing:
-            self._committing = True
+    async def _sync(self, journal: Journal) -> None:
+        """Wait until everything appended so far is on the disk; one ``msync`` serves every
+        call that arrives while another runs."""
+        target = self._appended
+        while self._synced < target:
+            running = self._syncing
+            if running is not None:
+                await running.wait()
+                continue
+            self._syncing = done = anyio.Event()
+            upto = self._appended
             try:
-                with anyio.CancelScope(shield=True):
-                    while self._queue:
-                        batch, self._queue = self._queue, []
-                        try:
-                            await self._run(functools.partial(_commit, batch=batch))
-                        except StoreUnavailable as exc:
-                            for queued in batch:
-                                queued.error = queued.error or exc
-                        for queued in batch:
-                            queued.done.set()
+                with anyio.CancelScope(shield=True):  # followers depend on it
+                    await anyio.to_thread.run_sync(journal.sync)
+            except (OSError, ValueError) as exc:
+                raise StoreUnavailable(f"the audit journal cannot be synced: {exc}") from exc
+            else:
+                self._synced = max(self._synced, upto)
             finally:
-                self._committing = False
-        await entry.done.wait()
-        if entry.error is not None:
-            raise entry.error
+                self._syncing = None
+                done.set()
+
+    async def flush(self) -> None:
+        """Wait until every record so far is in the database (raises
+        :class:`StoreUnavailable` if it cannot be written within ``busy_timeout``)."""
+        ingester = self._ingester
+        if ingester is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(ingester.drain, self._busy_timeout + 1.0)
+        except TimeoutError as exc:
+            raise StoreUnavailable(str(exc)) from None
 
     async def tail(self, count: int) -> list[AuditRecord]:
+        """The last ``count`` records, oldest first: the database's, with what the journals
+        of running hosts hold that has not reached it yet."""
+        ingester = self._ingester
+        if ingester is not None:  # this host's own records first, with their numbers
+            with contextlib.suppress(TimeoutError):
+                await anyio.to_thread.run_sync(ingester.drain, min(self._busy_timeout, 1.0))
+        journals = self._journals
+
         def work(conn: sqlite3.Connection) -> list[AuditRecord]:
-            rows = conn.execute(
-                "SELECT * FROM audit ORDER BY seq DESC LIMIT ?", (max(count, 0),)
-            ).fetchall()
-            return [_audit(row) for row in reversed(rows)]
+            return tail_audit(conn, journals, count)
 
         return await self._run(work)
 
@@ -545,7 +701,6 @@ class SQLiteStore:
         created = grant.created or time.time()
 
         def work(conn: sqlite3.Connection) -> int:
-            conn.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
             conn.execute("BEGIN IMMEDIATE")
             cursor = conn.execute(
                 "INSERT INTO grants (created, tool, caller, args_sha256, allow, rule, summary) "

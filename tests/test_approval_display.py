@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from host import Approval, ApprovalRequest, NotApproved, TerminalApprover
 from host._display import Redactor, escape_text, render_arguments, summarize_arguments
@@ -132,6 +134,26 @@ def test_the_audit_summary_is_short() -> None:
     assert len(summary) <= 512
     assert summary.endswith("c=1")
     assert "⟨… 96 more items⟩" in summary
+
+
+@given(
+    st.dictionaries(
+        st.text(st.sampled_from("ab_ é\u202e1"), min_size=1, max_size=6),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats()
+        | st.text(st.sampled_from('ab "\\\t\n\x1b\u202e\u0430é'), max_size=50)
+        | st.text(st.sampled_from("ab "), max_size=60),
+        max_size=4,
+    )
+)
+def test_the_summary_fast_path_shows_what_the_renderer_shows(arguments: dict[str, object]) -> None:
+    from host._display import _Renderer  # pyright: ignore[reportPrivateUsage]
+
+    renderer = _Renderer(Redactor(), 40, 4, 2)
+    full = ", ".join(f"{escape_text(k)}={renderer.value(v)}" for k, v in arguments.items())
+    assert summarize_arguments(arguments) == (full if len(full) <= 512 else full[:511] + "…")
 
 
 # -- the approver sees the rendering of exactly what will run ------------------------------

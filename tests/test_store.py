@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 from host import AuditRecord, Grant, SQLiteStore
-from host._store import PendingApproval, StoreUnavailable
+from host._store import DONE, PendingApproval, StoreUnavailable, read_audit
 
 pytestmark = pytest.mark.anyio
 
@@ -158,19 +158,32 @@ async def test_records_of_a_dead_host_are_closed_as_unknown(tmp_path: Path) -> N
         await store.aclose()
 
 
-async def test_a_locked_database_raises_store_unavailable(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "state.db", busy_timeout=0.1)
+async def test_a_locked_database_keeps_records_and_refuses_decisions(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db", busy_timeout=0.1, interval=0.01)
     await store.start("h1")
     blocker = sqlite3.connect(store.path, isolation_level=None)
     try:
         blocker.execute("BEGIN EXCLUSIVE")
+        await store.record(started("h1.1"), durable=True)  # journaled: safe already
         with pytest.raises(StoreUnavailable, match="locked"):
-            await store.record(started("h1.1"), durable=True)
+            await store.flush()
+        with pytest.raises(StoreUnavailable, match="locked"):  # no new decision goes through
+            await store.record(started("h1.2"), durable=True)
+        # records after the fact are still kept (a refusal, an outcome)
+        await store.record(started("h1.3", outcome="denied", ended=time.time()), durable=False)
+        await store.finish("h1.1", "ok", error_kind=None, error=None)
         blocker.execute("ROLLBACK")
-        await store.record(started("h1.1"), durable=True)
+        await store.flush()
+        await store.record(started("h1.4"), durable=True)
     finally:
         blocker.close()
         await store.aclose()
+    conn = sqlite3.connect(store.path)
+    try:
+        rows = conn.execute("SELECT call_id, outcome FROM audit ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+    assert rows == [("h1.1", "ok"), ("h1.3", "denied"), ("h1.4", "started")]
 
 
 async def test_a_store_that_cannot_open(tmp_path: Path) -> None:
@@ -183,60 +196,98 @@ async def test_a_store_that_cannot_open(tmp_path: Path) -> None:
     await store.aclose()
 
 
-async def test_a_fast_store_skips_the_sync(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "state.db", durable=False)
+async def test_a_record_is_in_the_journal_when_record_returns(tmp_path: Path) -> None:
+    from host import _journal
+
+    store = SQLiteStore(tmp_path / "state.db", interval=3600)  # nothing reaches SQLite
     await store.start("h1")
-    await store.record(started("h1.1"), durable=True)
-    assert len(await store.tail(5)) == 1
-    await store.aclose()
-
-
-async def test_store_work_does_not_block_the_event_loop(store: SQLiteStore) -> None:
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(tick)
-        for i in range(20):
-            await store.record(started(f"h1.{i}"), durable=True)
-        tg.cancel_scope.cancel()
-    assert ticks > 20  # the loop kept running while SQLite worked on a thread
-
-
-async def test_writes_in_flight_together_share_a_commit(store: SQLiteStore) -> None:
-    await store.record(started("h1.dup"), durable=True)
-    failures: list[str] = []
-
-    async def write(call_id: str) -> None:
+    try:
+        assert store.record(started("h1.1"), durable=True) is DONE  # nothing to wait for
+        (segment,) = _journal.segments(tmp_path / "journal")["h1"]
+        entries = list(_journal.read_segment(segment))
+        assert [e[:2] for e in entries] == [[_journal.ROW, "h1.1"]]
+        conn = sqlite3.connect(store.path)
         try:
-            await store.record(started(call_id), durable=True)
-        except StoreUnavailable:
-            failures.append(call_id)
+            assert conn.execute("SELECT count(*) FROM audit").fetchone() == (0,)
+        finally:
+            conn.close()
+        # any reader sees it at once, journals included
+        assert [r.call_id for r in read_audit(store.path, 5)] == ["h1.1"]
+        await store.finish("h1.1", "ok", error_kind=None, error=None)
+        assert [r.outcome for r in read_audit(store.path, 5)] == ["ok"]
+    finally:
+        await store.aclose()
+    assert _journal.segments(tmp_path / "journal") == {}  # committed, then removed
 
-    async with anyio.create_task_group() as tg:
-        for i in range(50):
-            tg.start_soon(write, f"h1.{i}")
-        tg.start_soon(write, "h1.dup")  # fails alone, in its own savepoint
-        tg.start_soon(functools.partial(store.finish, error_kind=None, error=None), "h1.dup", "ok")
-    assert failures == ["h1.dup"]
+
+async def test_power_durability_syncs_decisions_and_shares_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from host import _journal
+
+    syncs: list[float] = []
+    original = _journal.Journal.sync
+
+    def slow_sync(self: _journal.Journal) -> None:
+        time.sleep(0.05)  # a disk that takes its time
+        syncs.append(time.monotonic())
+        original(self)
+
+    monkeypatch.setattr(_journal.Journal, "sync", slow_sync)
+    store = SQLiteStore(tmp_path / "state.db", durability="power")
+    await store.start("h1")
+    try:
+        written = store.record(started("h1.0"), durable=True)
+        assert written is not DONE and not syncs
+        await written
+        assert len(syncs) == 1
+        assert store.record(started("h1.x", outcome="denied"), durable=False) is DONE
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 21):
+                tg.start_soon(_await, store.record(started(f"h1.{i}"), durable=True))
+        assert 2 <= len(syncs) <= 4  # 20 decisions in flight together, one or two syncs
+    finally:
+        await store.aclose()
+    with pytest.raises(ValueError, match="durability"):
+        SQLiteStore(tmp_path / "x.db", durability="sometimes")  # type: ignore[arg-type]
+
+
+async def _await(awaitable: Any) -> None:
+    await awaitable
+
+
+async def test_a_call_id_is_open_once_and_outcomes_are_kept(store: SQLiteStore) -> None:
+    for i in range(50):
+        await store.record(started(f"h1.{i}"), durable=True)
+    with pytest.raises(StoreUnavailable, match="already"):
+        await store.record(started("h1.7"), durable=True)
+    for i in range(0, 50, 2):
+        await store.finish(f"h1.{i}", "ok", error_kind=None, error=None)
+    await store.finish("h1.0", "failed", error_kind="x", error=None)  # already closed: kept
     records = {r.call_id: r.outcome for r in await store.tail(100)}
-    assert len(records) == 51 and records["h1.dup"] == "ok"
+    assert len(records) == 50
+    assert records["h1.0"] == "ok" and records["h1.1"] == "started"
 
 
-async def test_a_cancelled_writer_still_commits_for_the_others(store: SQLiteStore) -> None:
-    async with anyio.create_task_group() as tg:
-        for i in range(10):
-            tg.start_soon(functools.partial(store.record, durable=True), started(f"h1.{i}"))
-        await anyio.lowlevel.checkpoint()
-        tg.cancel_scope.cancel()
-    # whatever was queued was committed or never started; nothing waits forever
-    await store.record(started("h1.after"), durable=True)
-    assert (await store.tail(1))[0].call_id == "h1.after"
+async def test_a_dead_hosts_journal_is_replayed(tmp_path: Path) -> None:
+    from host import _journal
+
+    dead = SQLiteStore(tmp_path / "state.db", interval=3600)
+    await dead.start("dead")
+    await dead.record(started("dead.1", "dead"), durable=True)
+    await dead.record(started("dead.2", "dead"), durable=True)
+    await dead.finish("dead.2", "ok", error_kind=None, error=None)
+    # the host dies: its lock goes, its journal stays, nothing reached the database
+    assert dead._lock is not None  # pyright: ignore[reportPrivateUsage]
+    dead._lock.release()  # pyright: ignore[reportPrivateUsage]
+    following = SQLiteStore(tmp_path / "state.db")
+    assert await following.start("next") == 1
+    try:
+        outcomes = {r.call_id: (r.outcome, r.error_kind) for r in await following.tail(10)}
+        assert outcomes == {"dead.1": ("unknown", "host_stopped"), "dead.2": ("ok", None)}
+        assert "dead" not in _journal.segments(tmp_path / "journal")
+    finally:
+        await following.aclose()
 
 
 async def test_lock_files_of_dead_hosts_are_removed(tmp_path: Path) -> None:
