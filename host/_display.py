@@ -345,7 +345,7 @@ def summarize_arguments(
     parts: list[str] = []
     for key, value in arguments.items():
         name = key if key.isascii() and key.isidentifier() else escape_text(key)
-        kind: type[Any] = type(value)
+        kind: object = type(value)  # pyright: ignore[reportUnknownVariableType]
         if value is None or kind is bool or kind is int or kind is float:
             shown = repr(value)
         elif kind is str and not redactor and _plain_short(value):
