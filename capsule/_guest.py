@@ -18,34 +18,35 @@ the host is rebuilt from strings only. Runs under CPython-WASI (with the asyncio
 
 from __future__ import annotations
 
-import _ast  # the C module: ``ast.py`` itself costs start-up time under WASI
-import asyncio
+import _collections_abc  # what ``collections.abc`` re-exports, without importing ``collections``
 import builtins
-import collections.abc
-import linecache
 import os
 import sys
-from collections.abc import Generator
-from typing import Any, cast
 
-from . import _wasi
-from .protocol import (
-    HEADER,
-    K_DONE,
-    K_DROP,
-    K_ERR,
-    K_OK,
-    K_READY,
-    K_RUN,
-    K_SETUP,
-    K_USE,
-    MAX_FRAME,
-    BadFrame,
-    FrameDecoder,
-    as_map,
-    decode,
-    encode,
-)
+from . import _wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Coroutine, Generator
+    from typing import Any
+
+    _CoroutineBase = Coroutine[Any, Any, Any]
+else:
+    _CoroutineBase = _collections_abc.Coroutine
+
+# The frame kinds of ``capsule.protocol`` (which imports msgpack: too slow to load here).
+K_SETUP = "setup"
+K_READY = "ready"
+K_RUN = "run"
+K_USE = "use"
+K_DROP = "drop"
+K_DONE = "done"
+K_OK = "ok"
+K_ERR = "err"
+MAX_FRAME = 16 * 1024 * 1024
+PyCF_ONLY_AST = 0x400  # the ``_ast`` constants: importing ``_ast`` costs ~40 ms under WASI
+PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 
 __all__ = ["main", "ERRORS"]
 
@@ -190,7 +191,18 @@ def _agent_line() -> int | None:
     return None
 
 
-class ToolCall(collections.abc.Coroutine[Any, Any, Any]):
+class _Use:
+    """What an awaited tool call yields to the run's driver: the request, no more."""
+
+    __slots__ = ("args", "kwargs", "tool")
+
+    def __init__(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.tool = tool
+        self.args = args
+        self.kwargs = kwargs
+
+
+class ToolCall(_CoroutineBase):
     """One tool call, not yet sent. Awaiting it sends it; dropping it unawaited means it
     never runs (and the run's result says so)."""
 
@@ -213,7 +225,10 @@ class ToolCall(collections.abc.Coroutine[Any, Any, Any]):
         if self.awaited:
             raise RuntimeError(f"this call to {self.tool} was already awaited")
         self.awaited = True
-        return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
+        if _SANDBOX.loop_mode:  # inside asyncio's loop: wait on a future
+            return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
+        # Driven by the run itself: the driver makes the call and sends the answer back.
+        return (yield _Use(self.tool, self.args, self.kwargs))
 
     def _gen(self) -> Generator[Any, None, Any]:
         if self._steps is None:
@@ -231,6 +246,44 @@ class ToolCall(collections.abc.Coroutine[Any, Any, Any]):
     def close(self) -> None:
         if self._steps is not None:
             self._steps.close()
+
+
+class _Adopt:
+    """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
+    the run's coroutine yields (to the task running this), and makes the one pending
+    :class:`_Use` (if the switch happened there) a call through the loop."""
+
+    __slots__ = ("_coro", "_pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], pending: object) -> None:
+        self._coro = coro
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step = self._coro, self._pending
+        while True:
+            try:
+                if type(step) is _Use:
+                    try:
+                        use = _SANDBOX.use(step.tool, step.args, step.kwargs)
+                        value = yield from use.__await__()
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+                else:
+                    try:
+                        value = yield step
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _adopt(coro: Coroutine[Any, Any, Any], pending: object) -> Any:
+    return await _Adopt(coro, pending)
 
 
 class Tool:
@@ -338,9 +391,10 @@ class _Capture:
 
 
 def _traceback(exc: BaseException) -> str:
-    import traceback  # costly at start-up under WASI: only on the first error
-
     try:
+        import traceback  # costly at start-up under WASI: warmed up when idle, or now
+
+        _SANDBOX.share_sources()
         frames = [
             f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<run ")
         ]
@@ -375,56 +429,139 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return data
 
 
+class _HostGone(BaseException):
+    """The host closed the protocol pipe: the guest ends."""
+
+
+class _HostBroke(BaseException):
+    """The host sent bytes that are not a frame: the guest ends (the host sees it die)."""
+
+
+class _Frames:
+    """Frame bodies from the host's pipe: a 4-byte big-endian length, then the body."""
+
+    __slots__ = ("_bodies", "_buf", "_fd")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = b""
+        self._bodies: list[bytes] = []
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._bodies)
+
+    def feed(self) -> None:
+        """One ``read`` of the pipe (it must be readable, or this blocks)."""
+        try:
+            data = os.read(self._fd, 1 << 18)
+        except OSError:
+            data = b""
+        if not data:
+            raise _HostGone
+        buf = self._buf + data if self._buf else data
+        start, end = 0, len(buf)
+        while end - start >= 4:
+            size = int.from_bytes(buf[start : start + 4], "big")
+            if size > MAX_FRAME:
+                raise _HostBroke(f"a frame of {size} bytes is over the cap")
+            if end - start - 4 < size:
+                break
+            self._bodies.append(buf[start + 4 : start + 4 + size])
+            start += 4 + size
+        self._buf = buf[start:]
+
+    def next(self) -> dict[str, Any]:
+        """The next frame, reading (blocking) as needed."""
+        while not self._bodies:
+            self.feed()
+        try:
+            msg = _wire.decode(self._bodies.pop(0))
+        except _wire.WireError as exc:
+            raise _HostBroke(str(exc)) from None
+        if type(msg) is not dict:
+            raise _HostBroke("a frame must be a map")
+        return msg  # pyright: ignore[reportUnknownVariableType]
+
+
+_WARM_UP = (
+    # Imported while the sandbox is idle, one at a time between frames, so that the first
+    # run needing them does not wait: ``_ast`` for multi-statement runs, ``traceback`` for
+    # the first error, then ``asyncio`` (about half a second in the unoptimised build) in
+    # pieces, its heaviest dependencies first.
+    "_ast",
+    "linecache",
+    "traceback",
+    "inspect",
+    "logging",
+    "concurrent.futures",
+    "socket",
+    "selectors",
+    "subprocess",
+    "asyncio",
+)
+_IDLE = 0.05
+"""Seconds without a frame before the next warm-up step."""
+
+
+def _names(code: Any, into: set[str]) -> set[str]:
+    """Every name a code object and the code nested in it refer to."""
+    into.update(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            _names(const, into)
+    return into
+
+
 class Sandbox:
-    """The guest's state: the agent's namespace, the loop, the calls waiting on the host."""
+    """The guest's state: the agent's namespace, the calls waiting on the host, the loop.
+
+    A run is driven by :meth:`_drive`: the run's coroutine is stepped by hand, and each tool
+    call it awaits is one frame out and one frame back, with no event loop in between.
+    Only when the code needs asyncio (``gather``, ``sleep``, tasks) is the run handed to
+    asyncio's loop (:class:`_Adopt`), where calls wait on futures and run concurrently.
+    ``asyncio`` is imported when a run names it, or while the sandbox is idle.
+    """
 
     def __init__(self, proto_in: int = 0, proto_out: int = 1) -> None:
         self._in = proto_in
         self._out = proto_out
-        self._decoder = FrameDecoder(MAX_FRAME)
+        self._frames = _Frames(proto_in)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed: asyncio.Future[None] | None = None
-        self._server: asyncio.Task[Any] | None = None
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._run: int | None = None
         self._runs = 0
         self._calls: list[ToolCall] = []
+        self._sources: dict[str, tuple[int, None, list[str], str]] = {}
+        self._warm = list(_WARM_UP)
+        self.loop_mode = False
         self.max_output = 1024 * 1024
         self.max_argument = 4 * 1024 * 1024
         self.namespace: dict[str, Any] = {}
 
     # -- frames ----------------------------------------------------------------------
 
-    def send(self, value: dict[str, Any]) -> None:
-        body = encode(value)
-        view = memoryview(HEADER.pack(len(body)) + body)
+    def _write(self, data: bytes) -> None:
+        view = memoryview(len(data).to_bytes(4, "big") + data)
         while view:
             view = view[os.write(self._out, view) :]
 
-    def _read_first(self) -> dict[str, Any] | None:
-        while True:
-            data = os.read(self._in, 1 << 16)
-            if not data:
-                return None
-            bodies = self._decoder.feed(data)
-            if bodies:
-                if len(bodies) > 1 or self._decoder.pending:
-                    raise BadFrame("the host sent more than the setup frame before ready")
-                return as_map(decode(bodies[0]))
+    def send(self, value: dict[str, Any]) -> None:
+        self._write(_wire.encode(value))
 
     def setup(self) -> bool:
         """Read the ``setup`` frame, build the agent's globals, answer ``ready``."""
-        msg = self._read_first()
-        if msg is None:
+        try:
+            msg = self._frames.next()
+        except _HostGone:
             return False
-        if msg.get("k") != K_SETUP:
-            raise BadFrame(f"expected a setup frame, got {msg.get('k')!r}")
+        if msg.get("k") != K_SETUP or self._frames.pending:
+            raise _HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
         self.max_output = int(msg.get("max_output", self.max_output))
         self.max_argument = int(msg.get("max_argument", self.max_argument))
         scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         scope.update(ERRORS)
-        scope["asyncio"] = asyncio
         scope.update(_tool_globals(list(msg.get("tools", []))))
         self.namespace = scope
         self.send(
@@ -432,43 +569,71 @@ class Sandbox:
         )
         return True
 
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._closed = loop.create_future()
-        self._server = asyncio.current_task()
-        loop.add_reader(self._in, self._on_readable)
+    def serve(self) -> None:
+        """Run what the host sends, one run at a time, until it closes the pipe."""
         try:
-            await self._closed
-        finally:
-            loop.remove_reader(self._in)
+            while True:
+                if not self._frames.pending:
+                    self._idle()
+                msg = self._frames.next()
+                kind = msg.get("k")
+                if kind == K_RUN:
+                    self._execute(int(msg["id"]), str(msg["source"]))
+                elif kind not in (K_OK, K_ERR):  # a late answer to a dropped call is fine
+                    raise _HostBroke(f"unknown frame kind {kind!r}")
+        except _HostGone:
+            pass
+
+    def _idle(self) -> None:
+        """Warm up (one import at a time) until a frame arrives or nothing is left."""
+        while self._warm:
+            import select  # a C module: cheap
+
+            if select.select([self._in], [], [], _IDLE)[0]:
+                return
+            name = self._warm.pop(0)
+            try:
+                __import__(name)
+            except BaseException:  # a warm-up only: the run that needs it will say why
+                continue
+            if name == "asyncio":
+                self._event_loop()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            import asyncio
+
+            from . import _wasi
+
+            self._loop = _wasi.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+        return self._loop
 
     def _on_readable(self) -> None:
-        assert self._closed is not None and self._loop is not None
+        """While the loop runs: answers to the calls waiting on futures."""
         try:
-            data = os.read(self._in, 1 << 18)
-        except OSError:
-            data = b""
-        if not data:
-            if not self._closed.done():
-                self._closed.set_result(None)
-            return
-        for body in self._decoder.feed(data):
-            msg = as_map(decode(body))
+            self._answers()
+        except _HostGone:  # the loop would only log it: end here
+            os._exit(0)
+        except _HostBroke as exc:
+            os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
+            os._exit(1)
+
+    def _answers(self) -> None:
+        self._frames.feed()
+        while self._frames.pending:
+            msg = self._frames.next()
             kind = msg.get("k")
-            if kind == K_RUN:
-                self._loop.create_task(self._execute(int(msg["id"]), str(msg["source"])))
-            elif kind in (K_OK, K_ERR):
-                call_id = msg.get("id")
-                future = self._waiting.pop(call_id, None) if type(call_id) is int else None
-                if future is None or future.done():
-                    continue  # the code stopped waiting: a late answer is dropped
-                if kind == K_OK:
-                    future.set_result(msg.get("value"))
-                else:
-                    future.set_exception(_rebuild(as_map(msg.get("error"))))
+            if kind not in (K_OK, K_ERR):
+                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
+            call_id = msg.get("id")
+            future = self._waiting.pop(call_id, None) if type(call_id) is int else None
+            if future is None or future.done():
+                continue  # the code stopped waiting: a late answer is dropped
+            if kind == K_OK:
+                future.set_result(msg.get("value"))
             else:
-                raise BadFrame(f"unknown frame kind {kind!r}")
+                future.set_exception(_rebuild(_as_dict(msg.get("error"))))
 
     # -- tool calls ------------------------------------------------------------------
 
@@ -476,30 +641,55 @@ class Sandbox:
         if len(self._calls) < 100_000:
             self._calls.append(call)
 
-    async def use(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Send one call frame and wait for the host's answer."""
-        if self._run is None or self._loop is None:
+    def _use_frame(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """Send one ``use`` frame; returns its id."""
+        if self._run is None:
             raise RuntimeError("tools can only be called while a run is in progress")
         try:
-            body = {"args": list(args), "kwargs": dict(kwargs)}
-            size = len(encode(body))
+            packed_args = _wire.encode(list(args))
+            packed_kwargs = _wire.encode(dict(kwargs))
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArguments(
                 f"invalid arguments for {tool}: pass plain data only "
                 f"(None, bool, int, float, str, bytes, list, dict with str keys): {exc}",
                 tool=tool,
             ) from None
+        size = len(packed_args) + len(packed_kwargs)
         if size > self.max_argument:
             raise InvalidArguments(
-                f"invalid arguments for {tool}: they take {size} bytes encoded, over the "
-                f"limit of {self.max_argument}; pass a reference instead of the data",
+                f"invalid arguments for {tool}: they take {size} bytes encoded, over "
+                f"the limit of {self.max_argument}; pass a reference instead of the data",
                 tool=tool,
             )
         self._next_id += 1
         call_id = self._next_id
-        future: asyncio.Future[Any] = self._loop.create_future()
+        # {"k": "use", "id", "run", "tool", "args", "kwargs"}, the arguments encoded once:
+        # a map of four entries, made six (0x84 -> 0x86), the last two spliced on.
+        head = _wire.encode({"k": K_USE, "id": call_id, "run": self._run, "tool": tool})
+        self._write(b"\x86" + head[1:] + b"\xa4args" + packed_args + b"\xa6kwargs" + packed_kwargs)
+        return call_id
+
+    def _call_now(self, use: _Use) -> Any:
+        """Make one call while the run is driven by hand: frame out, wait, frame back."""
+        call_id = self._use_frame(use.tool, use.args, use.kwargs)
+        while True:
+            msg = self._frames.next()
+            kind = msg.get("k")
+            if kind not in (K_OK, K_ERR):
+                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
+            if msg.get("id") != call_id:
+                continue  # a late answer to a call an earlier run dropped
+            if kind == K_OK:
+                return msg.get("value")
+            raise _rebuild(_as_dict(msg.get("error")))
+
+    async def use(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Send one call frame and wait for the host's answer, on the loop."""
+        import asyncio
+
+        call_id = self._use_frame(tool, args, kwargs)
+        future: asyncio.Future[Any] = self._event_loop().create_future()
         self._waiting[call_id] = future
-        self.send({"k": K_USE, "id": call_id, "run": self._run, "tool": tool, **body})
         try:
             return await future
         except asyncio.CancelledError:
@@ -509,10 +699,17 @@ class Sandbox:
 
     # -- runs ------------------------------------------------------------------------
 
-    async def _execute(self, run_id: int, source: str) -> None:
+    def share_sources(self) -> None:
+        """The runs' sources for ``linecache`` (tracebacks), once something loaded it."""
+        linecache = sys.modules.get("linecache")
+        if linecache is not None:
+            linecache.cache.update(self._sources)
+
+    def _execute(self, run_id: int, source: str) -> None:
         self._runs += 1
         filename = f"<run {self._runs}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        self._sources[filename] = (len(source), None, source.splitlines(True), filename)
+        self.share_sources()
         capture = _Capture(self.max_output)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = capture
@@ -520,7 +717,9 @@ class Sandbox:
         self._calls = []
         ok, value, error = True, None, None
         try:
-            value = await self._evaluate(source, filename)
+            value = self._drive(self._evaluate(source, filename))
+        except (_HostGone, _HostBroke):
+            raise
         except _OutputLimit:
             ok = False
             error = {
@@ -532,13 +731,17 @@ class Sandbox:
             }
         except BaseException as exc:  # the agent's error, whatever it is, is data
             ok = False
+            if isinstance(exc, MemoryError):
+                # The host replaces this sandbox: free the agent's data first, so that
+                # reporting the error (which may import ``traceback``) has memory to use.
+                self.namespace.clear()
             error = _error(exc)
             if capture.over:
                 error = {**error, "kind": "limit_exceeded", "limit": "code_max_output"}
         finally:
             sys.stdout, sys.stderr = saved
             self._run = None
-        await self._settle()
+        self._settle()
         warnings = [
             f"line {c.line}: {c.tool}(...) was never awaited, so it did not run; "
             f"write `await {c.tool}(...)`"
@@ -563,11 +766,16 @@ class Sandbox:
             }
         )
 
-    async def _evaluate(self, source: str, filename: str) -> Any:
-        flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-        tree = compile(
-            source, filename, "exec", flags=flags | _ast.PyCF_ONLY_AST, dont_inherit=True
-        )
+    def _compile(self, source: str, filename: str) -> tuple[Any, Any]:
+        """(statements, last expression or None) compiled, top-level ``await`` allowed."""
+        flags = PyCF_ALLOW_TOP_LEVEL_AWAIT
+        try:  # one expression, the usual snippet: no syntax tree needed
+            return None, compile(source, filename, "eval", flags=flags, dont_inherit=True)
+        except SyntaxError:
+            pass
+        import _ast
+
+        tree = compile(source, filename, "exec", flags=flags | PyCF_ONLY_AST, dont_inherit=True)
         assert isinstance(tree, _ast.Module)
         last: _ast.Expression | None = None
         tail = tree.body[-1] if tree.body else None
@@ -575,31 +783,107 @@ class Sandbox:
             tree.body.pop()
             last = _ast.Expression(tail.value)
         code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
-        result = eval(code, self.namespace)  # the agent's code, in this sandbox only
-        if code.co_flags & _CO_COROUTINE:
-            await result
+        if last is None:
+            return code, None
+        return code, compile(last, filename, "eval", flags=flags, dont_inherit=True)
+
+    async def _evaluate(self, source: str, filename: str) -> Any:
+        code, last = self._compile(source, filename)
+        names: set[str] = set()
+        for part in (code, last):
+            if part is not None:
+                _names(part, names)
+        if "asyncio" in names:  # the code uses asyncio: make it importable and a global
+            import asyncio
+
+            self._event_loop()
+            self.namespace.setdefault("asyncio", asyncio)
+        if code is not None:
+            result = eval(code, self.namespace)  # the agent's code, in this sandbox only
+            if code.co_flags & _CO_COROUTINE:
+                await result
         if last is None:
             return None
-        code = compile(last, filename, "eval", flags=flags, dont_inherit=True)
-        value = eval(code, self.namespace)
-        if code.co_flags & _CO_COROUTINE:
+        value = eval(last, self.namespace)
+        if last.co_flags & _CO_COROUTINE:
             value = await value
         return value
 
-    async def _settle(self) -> None:
+    def _drive(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Step the run by hand while it only awaits tool calls; else hand it to the loop."""
+        loop = self._loop
+        if loop is not None:
+            # asyncio's functions (create_task, sleep, gather) find this loop while the run
+            # is driven here; the loop itself runs only after a hand-over.
+            import asyncio
+
+            asyncio.events._set_running_loop(loop)  # pyright: ignore[reportPrivateUsage]
+        try:
+            value: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    step = coro.send(value) if error is None else coro.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                value = error = None
+                if type(step) is not _Use or self._loop_busy():
+                    break
+                try:
+                    value = self._call_now(step)
+                except (_HostGone, _HostBroke):
+                    raise
+                except BaseException as exc:  # the call's error, raised where it was awaited
+                    error = exc
+        finally:
+            if loop is not None:
+                import asyncio
+
+                asyncio.events._set_running_loop(None)  # pyright: ignore[reportPrivateUsage]
+        return self._hand_over(coro, step)
+
+    def _loop_busy(self) -> bool:
+        """Whether something is scheduled on the loop (a task, a timer) that must run
+        while the run waits: then the run waits on the loop, not by hand."""
+        loop = self._loop
+        return loop is not None and bool(
+            getattr(loop, "_ready", None) or getattr(loop, "_scheduled", None)
+        )
+
+    def _hand_over(self, coro: Coroutine[Any, Any, Any], step: object) -> Any:
+        loop = self._event_loop()
+        self.loop_mode = True
+        loop.add_reader(self._in, self._on_readable)
+        try:
+            return loop.run_until_complete(_adopt(coro, step))
+        finally:
+            loop.remove_reader(self._in)
+            self.loop_mode = False
+
+    def _settle(self) -> None:
         """Cancel what the run left running: no tool call happens outside a run."""
-        keep = (asyncio.current_task(), self._server)
-        left = [t for t in asyncio.all_tasks() if t not in keep and not t.done()]
+        loop = self._loop
+        if loop is None:
+            return
+        import asyncio
+
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for task in left:
             task.cancel()
-        if left:
-            await asyncio.wait(left, timeout=1.0)
+        if left or self._loop_busy():
+            self.loop_mode = True
+            loop.add_reader(self._in, self._on_readable)
+            try:
+                loop.run_until_complete(asyncio.wait(left, timeout=1.0) if left else _nothing())
+            finally:
+                loop.remove_reader(self._in)
+                self.loop_mode = False
         for future in self._waiting.values():
             future.cancel()
         self._waiting.clear()
 
     def _plain(self, value: Any) -> tuple[Any, str | None]:
-        kind = cast("type[object]", type(value))
+        kind: type[object] = type(value)  # pyright: ignore[reportUnknownVariableType]
         if value is None or kind is bool or kind is float:
             return value, None
         if kind is int and -(2**63) <= value < 2**64:
@@ -620,12 +904,22 @@ class Sandbox:
             )
         except BaseException as exc:  # a hostile object: never let it escape
             return None, f"the value could not be converted: {type(exc).__name__}"
-        if len(encode(plain)) > self.max_output:
+        if len(_wire.encode(plain)) > self.max_output:
             return self._big()
         return plain, None
 
     def _big(self) -> tuple[None, str]:
         return None, f"the value is larger than {self.max_output} bytes; it is not returned"
+
+
+async def _nothing() -> None:
+    pass
+
+
+def _as_dict(value: object) -> dict[str, Any]:
+    if type(value) is dict:
+        return value  # pyright: ignore[reportUnknownVariableType]
+    return {}
 
 
 _SANDBOX = Sandbox()
@@ -634,11 +928,8 @@ _SANDBOX = Sandbox()
 def main() -> None:
     """The guest's entry point: fds 0 and 1 are the protocol, fd 2 is the host's console."""
     sys.stdout = sys.stderr
-    if not _SANDBOX.setup():
-        return
-    loop = _wasi.new_event_loop()
-    asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_SANDBOX.serve())
-    finally:
-        loop.close()
+        if _SANDBOX.setup():
+            _SANDBOX.serve()
+    except _HostGone:
+        pass
