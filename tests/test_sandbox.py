@@ -197,6 +197,41 @@ async def test_gather_runs_tool_calls_concurrently(proj: Path) -> None:
     assert len(result.calls) == 4
 
 
+async def test_runs_move_to_asyncio_when_they_need_it(proj: Path) -> None:
+    """Runs that only await tool calls are driven without an event loop; a run moves to
+    asyncio's loop mid-flight when it needs one, even when it does not name asyncio."""
+    async with Host.open(proj) as host:
+        assert ok(await host.run_code("[await add(i, 1) for i in range(3)]")) == [1, 2, 3]
+        # A helper using asyncio, defined in one run, is called by a later run that does
+        # not say "asyncio": its gather still runs the calls at once.
+        await host.run_code(
+            "import asyncio as aio\nasync def fan(n):\n"
+            "    return max(await aio.gather(*[probe(0.3) for _ in range(n)]))\n"
+        )
+        start = anyio.current_time()
+        assert ok(await host.run_code("x = await add(1, 1)\n[x, await fan(3)]")) == [2, 3]
+        assert anyio.current_time() - start < 0.85  # concurrent: not 3 x 0.3 s
+        # A task started before a plain await runs while that call waits.
+        code = "t = asyncio.create_task(slow(0.3))\n[await slow(0.3), await t, await add(2, 2)]"
+        start = anyio.current_time()
+        assert ok(await host.run_code(code)) == [0.3, 0.3, 4]
+        assert anyio.current_time() - start < 0.55
+        # Errors raised where the call was awaited, in either mode, are catchable.
+        code = (
+            "async def safe(m):\n"
+            "    try:\n"
+            "        return await boom(m)\n"
+            "    except ToolError as e:\n"
+            "        return e.type_name\n"
+            "[await safe('a'), *(await asyncio.gather(safe('b'), add(1, 2)))]"
+        )
+        assert ok(await host.run_code(code)) == ["ValueError", "ValueError", 3]
+        # A task the run left behind is cancelled, never run after the run ends.
+        left = await host.run_code("t = asyncio.create_task(count())\n'started'")
+        assert ok(left) == "started"
+        assert ok(await host.run_code("await count()")) == 1
+
+
 async def test_a_call_never_awaited_never_runs(proj: Path) -> None:
     async with Host.open(proj) as host:
         result = await host.run_code("a = 1\npending = count()\n'done'")
