@@ -37,8 +37,9 @@ Host to sandbox:
 
 Sandbox to host:
     ``ready``   {"k", "pid", "python"}           set up; runs may come
-    ``use``     {"k", "id", "run", "tool", "args": [..], "kwargs": {..}}   agent code
-                awaits a tool call; the host binds, decides and runs it as caller agent
+    ``use``     {"k", "id", "run", "tool", "args": [..], "kwargs": {..}[, "wait": true]}
+                agent code awaits a tool call; the host binds, decides and runs it as
+                caller agent. ``wait``: the sandbox sends nothing until this is answered
     ``drop``    {"k", "id"}                      the code stopped waiting for that call
     ``done``    {"k", "id", "ok", "value", "stdout", "error", "warnings"}   a run ended
 """
