@@ -471,17 +471,29 @@ class _Frames:
             start += 4 + size
         self._buf = buf[start:]
 
-    def next(self) -> dict[str, Any]:
-        """The next frame, reading (blocking) as needed."""
+    def next_body(self) -> bytes:
+        """The next frame's body, reading (blocking) as needed."""
         while not self._bodies:
             self.feed()
-        try:
-            msg = _wire.decode(self._bodies.pop(0))
-        except _wire.WireError as exc:
-            raise _HostBroke(str(exc)) from None
-        if type(msg) is not dict:
-            raise _HostBroke("a frame must be a map")
-        return msg  # pyright: ignore[reportUnknownVariableType]
+        return self._bodies.pop(0)
+
+    def next(self) -> dict[str, Any]:
+        """The next frame, reading (blocking) as needed."""
+        return _frame_map(self.next_body())
+
+
+def _frame_map(body: bytes) -> dict[str, Any]:
+    try:
+        msg = _wire.decode(body)
+    except _wire.WireError as exc:
+        raise _HostBroke(str(exc)) from None
+    if type(msg) is not dict:
+        raise _HostBroke("a frame must be a map")
+    return msg  # pyright: ignore[reportUnknownVariableType]
+
+
+_OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
+"""How the host's ``{"k": "ok", "id": ..., "value": ...}`` begins (msgpack keeps order)."""
 
 
 _WARM_UP = (
@@ -641,13 +653,16 @@ class Sandbox:
         if len(self._calls) < 100_000:
             self._calls.append(call)
 
-    def _use_frame(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        """Send one ``use`` frame; returns its id."""
+    def _use_frame(
+        self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any], wait: bool
+    ) -> int:
+        """Send one ``use`` frame; returns its id. ``wait``: nothing else is sent until
+        its answer is read (the host may then make the call without starting a task)."""
         if self._run is None:
             raise RuntimeError("tools can only be called while a run is in progress")
         try:
-            packed_args = _wire.encode(list(args))
-            packed_kwargs = _wire.encode(dict(kwargs))
+            packed_args = _wire.encode(args)
+            packed_kwargs = _wire.encode(kwargs) if kwargs else b"\x80"
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArguments(
                 f"invalid arguments for {tool}: pass plain data only "
@@ -663,17 +678,35 @@ class Sandbox:
             )
         self._next_id += 1
         call_id = self._next_id
-        # {"k": "use", "id", "run", "tool", "args", "kwargs"}, the arguments encoded once:
-        # a map of four entries, made six (0x84 -> 0x86), the last two spliced on.
-        head = _wire.encode({"k": K_USE, "id": call_id, "run": self._run, "tool": tool})
-        self._write(b"\x86" + head[1:] + b"\xa4args" + packed_args + b"\xa6kwargs" + packed_kwargs)
+        # {"k": "use", "id", "run", "tool", "args", "kwargs"[, "wait": true]}, by hand: the
+        # arguments are encoded once, and every other piece is a constant or one scalar.
+        out = [b"\x87\xa1k\xa3use\xa2id" if wait else b"\x86\xa1k\xa3use\xa2id"]
+        _wire.pack_into(out, call_id)
+        out.append(b"\xa3run")
+        _wire.pack_into(out, self._run)
+        out.append(b"\xa4tool")
+        _wire.pack_into(out, tool)
+        out += (b"\xa4args", packed_args, b"\xa6kwargs", packed_kwargs)
+        if wait:
+            out.append(b"\xa4wait\xc3")
+        self._write(b"".join(out))
         return call_id
 
     def _call_now(self, use: _Use) -> Any:
         """Make one call while the run is driven by hand: frame out, wait, frame back."""
-        call_id = self._use_frame(use.tool, use.args, use.kwargs)
+        call_id = self._use_frame(use.tool, use.args, use.kwargs, True)
         while True:
-            msg = self._frames.next()
+            body = self._frames.next_body()
+            if body.startswith(_OK_HEAD):  # the usual answer, read without a dict
+                try:
+                    got, at = _wire.decode_from(body, len(_OK_HEAD))
+                    if got == call_id and body[at : at + 6] == b"\xa5value":
+                        value, end = _wire.decode_from(body, at + 6)
+                        if end == len(body):
+                            return value
+                except _wire.WireError as exc:
+                    raise _HostBroke(str(exc)) from None
+            msg = _frame_map(body)
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
                 raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
@@ -687,7 +720,7 @@ class Sandbox:
         """Send one call frame and wait for the host's answer, on the loop."""
         import asyncio
 
-        call_id = self._use_frame(tool, args, kwargs)
+        call_id = self._use_frame(tool, args, kwargs, False)
         future: asyncio.Future[Any] = self._event_loop().create_future()
         self._waiting[call_id] = future
         try:

@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["encode", "decode", "WireError", "MAX_DEPTH"]
+__all__ = ["encode", "pack_into", "decode", "decode_from", "WireError", "MAX_DEPTH"]
 
 MAX_DEPTH = 511
 """Deepest nesting written or read (msgpack's own packer stops at the same depth)."""
@@ -159,6 +159,11 @@ def encode(value: object) -> bytes:
     return b"".join(out)
 
 
+def pack_into(out: list[bytes], value: object) -> None:
+    """Append the packed pieces of ``value`` to ``out`` (to build a frame by hand)."""
+    _pack(value, out, 0)
+
+
 def _need(b: bytes, i: int, n: int) -> int:
     end = i + n
     if end > len(b):
@@ -237,14 +242,19 @@ _BLOBS = frozenset((0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6))
 _ARRAYS = frozenset((0xDC, 0xDD, *range(0x90, 0xA0)))
 
 
-def decode(data: bytes) -> Any:
-    """Unpack one value. Raises :class:`WireError` on anything but plain msgpack."""
+def decode_from(data: bytes, start: int) -> tuple[Any, int]:
+    """The value at ``data[start:]`` and where it ends. Raises :class:`WireError`."""
     try:
-        value, end = _unpack(data, 0, 0)
+        return _unpack(data, start, 0)
     except IndexError:
         raise WireError("truncated value") from None
     except UnicodeDecodeError as exc:
         raise WireError(f"bad UTF-8: {exc}") from None
+
+
+def decode(data: bytes) -> Any:
+    """Unpack one value. Raises :class:`WireError` on anything but plain msgpack."""
+    value, end = decode_from(data, 0)
     if end != len(data):
         raise WireError("trailing bytes after the value")
     return value

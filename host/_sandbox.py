@@ -136,7 +136,13 @@ class _Guest:
 
     async def send(self, value: Mapping[str, Any]) -> None:
         view = memoryview(p.frame(dict(value)))
-        async with self._wlock:
+        try:
+            # Uncontended (the usual case), the lock is taken without a trip through the
+            # event loop, and a small frame goes out in one write.
+            self._wlock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._wlock.acquire()
+        try:
             while view:
                 if self.closed:
                     raise _Dead
@@ -149,6 +155,8 @@ class _Guest:
                         raise _Dead from None
                 except OSError:
                     raise _Dead from None
+        finally:
+            self._wlock.release()
 
     async def next(self) -> dict[str, Any] | None:
         """The next frame from the guest; None once its output is closed."""
@@ -597,7 +605,13 @@ class CodeSandbox:
                 scope = anyio.CancelScope()
                 run.scopes[call_id] = scope
                 run.inflight += 1
-                tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
+                if msg.get("wait") is True and run.inflight == 1:
+                    # The guest waits for this answer and sends nothing until then (it
+                    # says so; if it does not, only its own later frames wait): made
+                    # here, with no task to start.
+                    await self._tool_call(guest, run, scope, call_id, tool, args, kwargs)
+                else:
+                    tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
             elif kind == p.K_DROP:
                 scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
                 if scope is not None:

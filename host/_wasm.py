@@ -18,14 +18,10 @@ only sees :class:`Prepared` paths and :class:`GuestSpec`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import shutil
 import stat
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -182,6 +178,8 @@ def _wasmtime_version() -> str:
 
 
 def _settings_key(runtime: Runtime) -> str:
+    import hashlib
+
     text = json.dumps(
         [runtime.sha256, _wasmtime_version(), dict(ENGINE_SETTINGS), sys.platform],
         sort_keys=True,
@@ -204,6 +202,8 @@ def _lib_sources() -> list[tuple[str, Path]]:
 
 
 def _lib_key(key: str, files: Sequence[tuple[str, Path]]) -> str:
+    import hashlib
+
     digest = hashlib.sha256(key.encode())
     for name, path in files:
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -272,6 +272,9 @@ def _guest_env() -> dict[str, str]:
 
 
 def _compile(runtime: Runtime, target: Path) -> None:
+    import hashlib
+    import tempfile
+
     import wasmtime
 
     data = runtime.wasm.read_bytes()
@@ -291,6 +294,10 @@ def _compile(runtime: Runtime, target: Path) -> None:
 
 def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> None:
     """Copy the guest library and let the guest itself compile it to ``.pyc``."""
+    import shutil
+    import subprocess
+    import tempfile
+
     tmp = Path(tempfile.mkdtemp(prefix=".lib-", dir=target.parent))
     try:
         for name, source in files:
@@ -397,7 +404,27 @@ def _prepare_lock() -> Any:
 def child_command(spec: GuestSpec) -> list[str]:
     """The command that runs one guest in its own process."""
     # The child dies when this process does (its parent pid is checked against this one).
-    return [sys.executable, "-I", str(CHILD), "run", spec.to_json(), str(os.getpid())]
+    # It starts without ``site`` (tens of milliseconds, with editable installs), and is
+    # told where wasmtime is instead.
+    return [
+        *(sys.executable, "-I", "-S", str(CHILD)),
+        *("run", spec.to_json(), str(os.getpid()), _wasmtime_root()),
+    ]
+
+
+_wasmtime_roots: list[str] = []
+
+
+def _wasmtime_root() -> str:
+    """The folder ``wasmtime`` is imported from (found without importing it)."""
+    if not _wasmtime_roots:
+        from importlib.util import find_spec
+
+        found = find_spec("wasmtime")
+        if found is None or found.origin is None:
+            raise WasmUnavailable("the wasmtime package is not installed")
+        _wasmtime_roots.append(str(Path(found.origin).parent.parent))
+    return _wasmtime_roots[0]
 
 
 def child_env() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The child process that runs one Wasm guest: ``python -I host/_wasm_child.py run SPEC PID``.
+"""The child process that runs one Wasm guest: ``python -I -S host/_wasm_child.py run SPEC PID
+WASMTIME_ROOT``.
 
 It is started by path (not ``-m host...``), so it imports neither the ``host`` package nor
 its dependencies: only the standard library, ``wasmtime`` and ``host/_wasm.py``. Its
@@ -49,9 +50,14 @@ def main(argv: list[str]) -> int:
         prepared = wasm.prepare_blocking(root=Path(argv[1]))
         print(json.dumps(asdict(prepared)))
         return 0
-    if argv[:1] != ["run"] or len(argv) != 3:
-        print("usage: _wasm_child.py run SPEC PARENT_PID | prepare ROOT", file=sys.stderr)
+    if argv[:1] != ["run"] or len(argv) not in (3, 4):
+        print(
+            "usage: _wasm_child.py run SPEC PARENT_PID [WASMTIME_ROOT] | prepare ROOT",
+            file=sys.stderr,
+        )
         return 2
+    if len(argv) == 4:  # started without ``site``: where wasmtime is
+        sys.path.append(argv[3])
     spec = wasm.GuestSpec.from_json(argv[1])
     # The parent's pid comes from the parent: one read here could already see a reaper's.
     threading.Thread(target=_lifeline, args=(int(argv[2]),), daemon=True).start()
