@@ -51,6 +51,9 @@ def check_value(tool: str, param: str, value: Any, path: str = "") -> Any:
     The walk is iterative, so nesting up to ``MAX_DEPTH`` never meets Python's recursion
     limit, whatever the caller's stack depth. ``path`` locates ``value`` inside ``param``.
     """
+    cls = cast("type[Any]", type(value))
+    if cls in _SCALARS or (cls is int and _INT_MIN <= value <= _INT_MAX):
+        return value  # most arguments: nothing to walk or copy
     root: list[Any] = [None]
     # (value, container to store the copy in, key there, path, depth), depth first and
     # left to right, so the first offending element is the one reported.

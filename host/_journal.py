@@ -84,7 +84,8 @@ COLUMNS: Final = (
     "error_kind",
     "error",
 )
-"""The ``audit`` table's columns, in the order rows are journaled."""
+"""The ``audit`` table's columns, in the order rows are journaled (``AuditRecord``'s
+fields before ``seq``)."""
 
 _OUTCOME = COLUMNS.index("outcome")
 _ENDED = COLUMNS.index("ended")

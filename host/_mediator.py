@@ -18,7 +18,6 @@ import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 
@@ -236,7 +235,7 @@ class Mediator:
                         redactor=self._redactor,
                     )
                 )
-                record = replace(record, approval=ticket.how)
+                record = record._replace(approval=ticket.how)
             written = self.store.record(record, durable=True)
             recorded = True
             if written is not DONE:  # the store waits for its disk: the call waits with it
@@ -284,8 +283,7 @@ class Mediator:
         else:
             kind, text = "cancelled", None
         approval = exc.reason if isinstance(exc, NotApproved) else record.approval
-        done = replace(
-            record,
+        done = record._replace(
             outcome="denied",
             ended=time.time(),
             error_kind=kind,

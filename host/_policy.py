@@ -231,6 +231,7 @@ class Policy:
         self.config = config
         self.rules: tuple[Rule, ...] = tuple(rule for _, f in config.files for rule in f.rules)
         self.quotas: tuple[Quota, ...] = tuple(q for _, f in config.files for q in f.quotas)
+        self._quotas_by_tool: dict[str, tuple[Quota, ...]] = {}
         self.version = (
             config.version or hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:12]
         )
@@ -273,9 +274,16 @@ class Policy:
             tuple(r.name for r in matched),
         )
 
-    def quotas_for(self, tool: str) -> list[Quota]:
-        """The ``[[quotas]]`` entries whose globs match ``tool``."""
-        return [q for q in self.quotas if any(tool_glob(g).fullmatch(tool) for g in q.tools)]
+    def quotas_for(self, tool: str) -> tuple[Quota, ...]:
+        """The ``[[quotas]]`` entries whose globs match ``tool`` (worked out once per tool)."""
+        found = self._quotas_by_tool.get(tool)
+        if found is None:
+            found = tuple(
+                q for q in self.quotas if any(tool_glob(g).fullmatch(tool) for g in q.tools)
+            )
+            if len(self._quotas_by_tool) < 4096:  # bounded: names come from discovery
+                self._quotas_by_tool[tool] = found
+        return found
 
 
 def decide(

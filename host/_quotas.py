@@ -41,6 +41,10 @@ class Reservation:
             quotas._give_back(self)  # pyright: ignore[reportPrivateUsage]
 
 
+_NOTHING = Reservation(None, "", "")
+"""What a call covered by no budget reserves (releasing it does nothing)."""
+
+
 class Quotas:
     """Counts calls against the budgets of the policy in force."""
 
@@ -54,10 +58,10 @@ class Quotas:
 
     def reserve(self, policy: Policy, tool: str, session: str) -> Reservation:
         """Take one place in every budget covering ``tool``. Raises :class:`LimitExceeded`."""
-        reservation = Reservation(self, tool, session)
         quotas = policy.quotas_for(tool)
         if not quotas:
-            return reservation
+            return _NOTHING
+        reservation = Reservation(self, tool, session)
         now = self._clock()
         recent = self._recent.setdefault(tool, deque())
         while recent and recent[0] <= now - _WINDOW:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import anyio
 
@@ -137,9 +137,13 @@ class StoreUnavailable(Exception):
     """The state database cannot be read or written; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    """One call in the audit trail. Argument values never appear: only hash and summary."""
+class AuditRecord(NamedTuple):
+    """One call in the audit trail. Argument values never appear: only hash and summary.
+
+    Immutable (a named tuple: one is made for every call, so it must be cheap to make);
+    ``record._replace(field=...)`` gives a changed copy. The fields before ``seq`` are the
+    ``audit`` table's columns in order.
+    """
 
     call_id: str
     host_id: str
@@ -166,7 +170,11 @@ class AuditRecord:
     seq: int | None = None
 
     def to_data(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
+
+
+if AuditRecord._fields[:-1] != COLUMNS:  # the journal writes records as tuples
+    raise ImportError("AuditRecord's fields and the audit journal's columns disagree")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +363,7 @@ def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[Aud
         for path in paths:
             for entry in _journal.read_segment(path):
                 if entry[0] == ROW:
-                    fresh[entry[1]] = AuditRecord(**dict(zip(COLUMNS, entry[1:], strict=True)))
+                    fresh[entry[1]] = AuditRecord(*entry[1:])
                 else:
                     ends[entry[1]] = entry
     if fresh:  # journaled rows that already reached the database are the database's
@@ -372,7 +380,7 @@ def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[Aud
     for record in merged[len(merged) - count :] if count else []:
         end = ends.get(record.call_id)
         if end is not None and record.outcome == "started":
-            record = replace(record, outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
+            record = record._replace(outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
         out.append(record)
     return out
 
@@ -597,26 +605,8 @@ class SQLiteStore:
                 )
         if call_id in self._open:
             raise StoreUnavailable(f"the call id {call_id} is already in the audit trail")
-        entry = [
-            ROW,
-            call_id,
-            record.host_id,
-            record.started,
-            record.session,
-            record.caller,
-            record.tool,
-            record.outcome,
-            record.policy_version,
-            record.decision,
-            record.rule,
-            record.approval,
-            record.args_sha256,
-            record.args_size,
-            record.args_summary,
-            record.ended,
-            record.error_kind,
-            record.error,
-        ]
+        entry = [ROW, *record]
+        del entry[-1]  # seq: the database numbers the rows
         self._append(journal, ingester, entry)
         ingester.row(entry)
         if record.outcome == "started":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import select
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -58,6 +59,8 @@ class Watch:
         self._fd = fd
         self._libc = libc
         self._watched: set[str] = set()
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
     def add(self, paths: Iterable[Path]) -> bool:
         """Watch these paths (folders: their entries too). False if one could not be
@@ -76,6 +79,8 @@ class Watch:
 
     def changed(self) -> bool:
         """Whether any event arrived since the last call (the queue is emptied)."""
+        if not self._poll.poll(0):  # the common case: one system call, no exception
+            return False
         seen = False
         while True:
             try:
