@@ -16,6 +16,11 @@ capsule or the host. The worker watches the reaper the same way (a lifeline thre
 kills its own tree if a tool kills the reaper. (The worker does not reap the orphans it
 adopts, since that would steal exit statuses from the tools' own ``subprocess`` calls;
 they stay zombies until the worker ends.)
+
+Before it loads any tool, the worker gives up privileges (Linux): no new privileges on
+``exec`` (no ``sudo``, no setuid binaries) and, when run by root, no capabilities at all,
+so that, like a tool of an ordinary user, it cannot read the ``/proc`` entries
+(environment, memory, fds) of the host, which makes itself non-dumpable.
 """
 
 from __future__ import annotations
@@ -182,6 +187,44 @@ def _become_subreaper() -> None:
         pass
 
 
+def _drop_privileges() -> None:
+    """No new privileges, and no capabilities (only a root capsule has any), for good.
+
+    A tool holding ``CAP_SYS_PTRACE`` (root's) could read any process's ``/proc``
+    entries, and one holding fewer capabilities than the host cannot read the host's.
+    Where the kernel refuses, the capsule says so on stderr and goes on.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        class _Header(ctypes.Structure):
+            _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+        class _Data(ctypes.Structure):
+            _fields_ = (
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            )
+
+        failed = libc.prctl(38, 1, 0, 0, 0) != 0  # PR_SET_NO_NEW_PRIVS
+        if os.geteuid() == 0:
+            for cap in range(64):  # PR_CAPBSET_DROP until past the kernel's last one
+                if libc.prctl(24, cap, 0, 0, 0) != 0:
+                    break
+            libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+            header = _Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+            failed |= libc.capset(ctypes.byref(header), (_Data * 2)()) != 0
+    except (OSError, AttributeError):
+        failed = True
+    if failed:
+        os.write(2, b"toolhost capsule: could not drop privileges; tools keep them\n")
+
+
 def main() -> None:
     if sys.platform != "wasi" and hasattr(os, "fork"):
         _become_subreaper()
@@ -189,6 +232,7 @@ def main() -> None:
         if worker:
             _reap(worker)
         _become_subreaper()  # not inherited across fork
+    _drop_privileges()
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":

@@ -3,6 +3,11 @@
 A capsule runs in its own process group and adopts orphaned descendants (it is a child
 subreaper on Linux), so its whole tree is: its process group, plus every process whose
 parent chain leads back to it. Both are killed with SIGKILL.
+
+Before the first child starts, the host makes itself non-dumpable (Linux), so that a
+tool running as the same user cannot read the host's ``/proc/<pid>/environ``, ``mem``
+or ``fd`` (SECURITY_CATALOGUE C01). A capsule run by root drops its capabilities for the
+same reason (``capsule/__main__.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,30 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.abc
 
-__all__ = ["descendants", "kill_tree", "minimal_env", "spawn_piped"]
+__all__ = ["descendants", "kill_tree", "minimal_env", "protect_host", "spawn_piped"]
+
+_PR_SET_DUMPABLE = 4
+_KEEP_DUMPABLE = "TOOLHOST_KEEP_DUMPABLE"
+"""Set to ``1`` to leave the host dumpable (for a debugger), giving up that protection."""
+
+
+def protect_host() -> bool:
+    """Make this process non-dumpable; whether it is (``False`` off Linux).
+
+    A non-dumpable process's ``/proc`` entries belong to root and need ``CAP_SYS_PTRACE``
+    in the reader, so other processes of the same user (a capsule's tools) cannot read
+    its environment or memory. It also means no core dumps, and a same-user debugger
+    (``py-spy``, ``gdb -p``) needs root, unless ``TOOLHOST_KEEP_DUMPABLE=1``.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get(_KEEP_DUMPABLE) == "1":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 async def spawn_piped(
@@ -28,7 +56,9 @@ async def spawn_piped(
     Returns ``(process, host_write_fd, host_read_fd)``; the caller owns both fds and must
     drain the process's stderr (a pipe). The child gets exactly ``env``; no other fd of
     this process is inherited (the ends it needs are closed here once it has them).
+    The host is made non-dumpable first (:func:`protect_host`).
     """
+    protect_host()
     child_in, host_out = os.pipe()
     host_in, child_out = os.pipe()
     try:
