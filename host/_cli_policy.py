@@ -27,6 +27,7 @@ from ._policy import PolicySource
 from ._project import Project, resolve_project
 from ._scope_cache import load_or_build_scope
 from ._store import SQLiteStore, StoreUnavailable
+from ._wasm_capsule import capsule_of
 from .errors import HostError
 
 if TYPE_CHECKING:
@@ -91,13 +92,15 @@ async def _check(args: argparse.Namespace) -> int:
     spec = mediator.lookup(args.name)
     bound = mediator.bind(spec, positional, keywords)
     decision = mediator.decide(spec, bound, args.caller, source.current())
-    data = {"tool": spec.name, "caller": args.caller, **decision.to_data()}
+    capsule, capsule_line = capsule_of(config.capsules, spec.file)
+    data = {"tool": spec.name, "caller": args.caller, **decision.to_data(), "capsule": capsule}
     lines = [f"{decision.decision} (rule {decision.rule})"]
     if decision.reason:
         lines.append(f"reason: {decision.reason}")
     if len(decision.matched) > 1:
         lines.append(f"matched: {', '.join(decision.matched)}")
     lines.append(f"policy version: {decision.policy_version}")
+    lines.append(capsule_line)
     _print(args, data, "\n".join(lines))
     return 0
 

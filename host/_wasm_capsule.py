@@ -27,7 +27,14 @@ from ._events import EventBus
 from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
 from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
 
-__all__ = ["start_wasm_capsule", "mixed_factory", "tool_capsules", "DATA_GUEST", "DATA_ENV"]
+__all__ = [
+    "start_wasm_capsule",
+    "mixed_factory",
+    "tool_capsules",
+    "capsule_of",
+    "DATA_GUEST",
+    "DATA_ENV",
+]
 
 TOOLS_GUEST: Final = "/project/tools"
 """Where a Wasm capsule sees the tools folder (read-only)."""
@@ -212,3 +219,22 @@ def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
             root=root,
         )
     return start_subprocess
+
+
+def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str]:
+    """Where ``[capsules]`` runs the tools of ``file``, as data and as one line of text
+    (``toolhost policy check`` prints them)."""
+    kind = "wasm" if capsules.default == "wasm" or file in capsules.wasm else "subprocess"
+    text = f"capsule: {kind}"
+    data: dict[str, Any] = {"kind": kind, "data": None}
+    folder = capsules.data
+    if folder is not None:
+        mode = "writable" if folder.writable else "read-only"
+        if kind == "wasm":
+            where = DATA_GUEST
+            text += f", data folder {folder.path} ({mode}) at {DATA_GUEST}"
+        else:
+            where = None
+            text += f", data folder {folder.path} named by ${DATA_ENV} (not enforced here)"
+        data["data"] = {"path": folder.path, "writable": folder.writable, "guest": where}
+    return data, text

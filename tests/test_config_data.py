@@ -6,7 +6,10 @@ real file, line and field. The capsules' side is in ``test_wasm_capsule.py``.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +18,8 @@ import pytest
 from host import PolicyFileError, load_policy
 from host._config import CapsulesConfig, DataFolder
 from host._policy import PolicySource
+
+from .conftest import ROOT
 
 
 @pytest.fixture
@@ -131,3 +136,35 @@ def test_a_reload_naming_a_bad_folder_fails_closed(project: Path) -> None:
     (project / "gone").mkdir()
     os.utime(path, ns=(2, 2))
     assert source.current().version
+
+
+def policy_check(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from host._cli import main; main()", "policy", "check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.mark.subprocess
+def test_policy_check_says_where_a_tool_runs_and_refuses_a_bad_folder(project: Path) -> None:
+    for name in ("notes", "clock"):
+        (project / "tools" / f"{name}.py").write_text(f"def {name}_now() -> int:\n    return 1\n")
+    write(project, '{ path = "data", writable = true }')
+    where = str(project)
+    done = policy_check(project, "notes_now", "--project", where)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "capsule: wasm, data folder data (writable) at /data"
+    done = policy_check(project, "clock_now", "--json", "--project", where)
+    assert json.loads(done.stdout)["capsule"] == {
+        "kind": "subprocess",
+        "data": {"path": "data", "writable": True, "guest": None},
+    }
+    write(project, '"missing"')
+    done = policy_check(project, "notes_now", "--project", where)
+    assert done.returncode == 1
+    assert "policy.toml:4: capsules.data: 'missing' does not exist" in done.stderr
