@@ -376,6 +376,19 @@ async def _pipe_asyncio(stack: AsyncExitStack) -> Callable[[], Awaitable[Any]]:
     return call
 
 
+class _Done:
+    def __await__(self) -> Any:
+        return iter(())
+
+
+def _done() -> Any:
+    """What a store returns for a write that needs no waiting (``host.DONE`` where it exists,
+    so the host takes its fast path; an awaitable that is done for older hosts)."""
+    import host
+
+    return getattr(host, "DONE", None) or _Done()
+
+
 class _NoStore:
     """A state store that keeps nothing: the call path without the audit's disk writes."""
 
@@ -385,11 +398,11 @@ class _NoStore:
     async def aclose(self) -> None:
         pass
 
-    async def record(self, record: Any, *, durable: bool) -> None:
-        pass
+    def record(self, record: Any, *, durable: bool) -> Any:
+        return _done()
 
-    async def finish(self, call_id: str, outcome: Any, *, error_kind: Any, error: Any) -> None:
-        pass
+    def finish(self, call_id: str, outcome: Any, *, error_kind: Any, error: Any) -> Any:
+        return _done()
 
     async def tail(self, count: int) -> list[Any]:
         return []

@@ -26,6 +26,7 @@ from ._sandbox import CodeCall as CodeCall
 from ._sandbox import CodeError as CodeError
 from ._sandbox import CodeResult as CodeResult
 from ._scope import Scope as Scope
+from ._store import DONE as DONE
 from ._store import AuditRecord as AuditRecord
 from ._store import Grant as Grant
 from ._store import SQLiteStore as SQLiteStore
@@ -73,6 +74,7 @@ __all__ = (
     "TerminalApprover",
     "Store",
     "SQLiteStore",
+    "DONE",
     "AuditRecord",
     "Grant",
     # errors

@@ -216,6 +216,15 @@ class CapsulesConfig(_Model):
     """A project folder the tool capsules may use: a Wasm capsule sees it at ``/data``."""
 
 
+class AuditConfig(_Model):
+    """``[audit]``: how durable a decision is before its call runs."""
+
+    durability: Literal["process", "power"] = "process"
+    """``process``: safe against the host being killed or crashing (the default, about a
+    microsecond per call); ``power``: also against a power cut (a disk sync per decision,
+    shared by the calls in flight together). Read when the host starts."""
+
+
 class Defaults(_Model):
     """``[defaults]``: the decision when no rule matches, per caller."""
 
@@ -347,6 +356,7 @@ class PolicyFile(_Model):
     limits: Limits | None = None
     env: EnvConfig | None = None
     capsules: CapsulesConfig | None = None
+    audit: AuditConfig | None = None
 
 
 class PolicyConfig(BaseModel):
@@ -362,6 +372,7 @@ class PolicyConfig(BaseModel):
     limits: Limits = Limits()
     env: EnvConfig = EnvConfig()
     capsules: CapsulesConfig = CapsulesConfig()
+    audit: AuditConfig = AuditConfig()
 
 
 def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
@@ -475,7 +486,7 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
         digest.update(f"{display}\0{len(text)}\0".encode())
         digest.update(text.encode())
     merged: dict[str, Any] = {"files": files, "version": digest.hexdigest()[:12]}
-    for attr in ("defaults", "limits", "env", "capsules"):
+    for attr in ("defaults", "limits", "env", "capsules", "audit"):
         value = _merge_one(files, attr)
         if value is not None:
             merged[attr] = value

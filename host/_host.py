@@ -274,7 +274,10 @@ class Host:
                     config,
                     capsule or tool_capsules(config.capsules, resolved.root),
                     tg,
-                    store=store or SQLiteStore(resolved.state_dir / "state.db"),
+                    store=store
+                    or SQLiteStore(
+                        resolved.state_dir / "state.db", durability=config.audit.durability
+                    ),
                     approver=approver if approver is not None else default_approver(),
                     watch_policy=policy is None,
                     scope=scope,

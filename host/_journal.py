@@ -30,6 +30,8 @@ import os
 import re
 import sqlite3
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -137,27 +139,24 @@ class Journal:
             msgpack.Packer(use_bin_type=True).pack,  # pyright: ignore[reportUnknownMemberType]
         )
 
-    def append(self, entry: Sequence[Any]) -> Path | None:
-        """Append one record; returns the segment it filled and left, if it moved on.
+    def append(self, entry: Sequence[Any]) -> None:
+        """Append one record (to a new segment when this one is full).
 
         Raises ``OSError`` (a full disk, a removed folder) and ``ValueError`` (an entry
         msgpack cannot encode).
         """
         body = self._pack(entry)
         need = _HEAD.size + len(body)
-        sealed: Path | None = None
         if self._map is None or self._offset + need > self._size:
-            sealed = self._next(need)
+            self._next(need)
         mapping = self._map
         assert mapping is not None
         at = self._offset
         mapping[at + 4 : at + need] = struct.pack("<I", zlib.crc32(body)) + body
         mapping[at : at + 4] = struct.pack("<I", len(body))  # last: the record now exists
         self._offset = at + need
-        return sealed
 
-    def _next(self, need: int) -> Path | None:
-        sealed = self.path if self._map is not None else None
+    def _next(self, need: int) -> None:
         self._number += 1
         path = self.folder / f"{self.host_id}.{self._number}.log"
         size = max(SEGMENT_SIZE, need + _HEAD.size)
@@ -174,7 +173,11 @@ class Journal:
             _fsync_dir(self.folder)
         self._close_map()
         self._map, self._fd, self._offset, self._size, self.path = mapping, fd, 0, size, path
-        return sealed
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the next record goes: (segment number, byte)."""
+        return (self._number, self._offset)
 
     def sync(self) -> None:
         """Put what was appended on the disk (``msync``). Safe from a worker thread."""
@@ -190,11 +193,10 @@ class Journal:
             os.close(self._fd)
             self._fd = -1
 
-    def close(self) -> Path | None:
-        """Stop appending; returns the last segment (left for the ingester to remove)."""
+    def close(self) -> None:
+        """Stop appending (the writer removes the segments once they are written)."""
         self._close_map()
-        path, self.path = self.path, None
-        return path
+        self.path = None
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -281,141 +283,274 @@ def replay(conn: sqlite3.Connection, paths: Sequence[Path]) -> int:
     return count
 
 
-class Ingester:
-    """Moves journaled records into SQLite on a thread of its own, in batches.
+def _connect(db: str, busy_timeout: float, durability: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(db, timeout=busy_timeout, isolation_level=None)
+    conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'power' else 'NORMAL'}")
+    return conn
 
-    The event loop's thread calls :meth:`row`, :meth:`end` and :meth:`seal` (each takes a
-    lock for a moment, nothing else); the thread wakes every ``interval`` seconds, commits
-    what has gathered in one transaction, and removes sealed segments once committed. A
-    row whose outcome arrives before its batch is written is stored once, already closed.
-    When a commit fails, the batch is kept and retried, and :attr:`error` says why until
-    one succeeds (the store refuses new calls meanwhile: fail closed).
+
+def _segment_path(folder: Path, host_id: str, number: int) -> Path:
+    return folder / f"{host_id}.{number}.log"
+
+
+def _read_from(path: Path, offset: int) -> tuple[list[list[Any]], int]:
+    """The whole records of ``path`` from byte ``offset`` on, and where they end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        if size <= offset + _HEAD.size:
+            return [], offset
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as data:
+            entries: list[list[Any]] = []
+            at = offset
+            while at + _HEAD.size <= size:
+                length, crc = _HEAD.unpack_from(data, at)
+                end = at + _HEAD.size + length
+                if length == 0 or end > size:
+                    break
+                body = data[at + _HEAD.size : end]
+                if zlib.crc32(body) != crc:
+                    break  # being written, or torn: read again next time
+                try:
+                    entry = protocol.decode(body)
+                except protocol.BadFrame:
+                    entry = None
+                if _valid(entry):
+                    entries.append(entry)  # pyright: ignore[reportArgumentType]
+                at = end
+            return entries, at
+    finally:
+        os.close(fd)
+
+
+def serve(
+    db: str, folder: Path, host_id: str, interval: float, busy_timeout: float, durability: str
+) -> int:
+    """The audit writer process: follows one host's journal into the database.
+
+    Commands on stdin, one a line: ``drain`` (write what is there now), ``stop`` (the host
+    is done appending: write everything, remove the segments, exit). End of input means
+    the host is gone: the same as ``stop``. Reports on stdout, one a line: ``done N OFFSET``
+    (everything before that segment and byte is in the database), ``error TEXT``.
+    """
+    import select
+
+    numbers = sorted(int(p.name.split(".")[-2]) for p in folder.glob(f"{host_id}.*.log"))
+    number = numbers[0] if numbers else 1
+    offset = 0
+    conn: sqlite3.Connection | None = None
+    out = os.fdopen(1, "w", buffering=1)
+    failing = False
+    final = False
+    give_up: float | None = None
+    while True:
+        ready, _, _ = select.select(
+            [0], [], [], interval if not failing else min(1.0, interval * 20)
+        )
+        if ready:
+            data = os.read(0, 4096)
+            if not data or b"stop" in data:
+                final = True
+        entries: list[list[Any]] = []
+        done: list[Path] = []
+        at_number, at_offset = number, offset
+        while len(entries) < 50_000:
+            path = _segment_path(folder, host_id, at_number)
+            later = _segment_path(folder, host_id, at_number + 1).exists()  # before reading
+            new, at_offset = _read_from(path, at_offset)
+            entries.extend(new)
+            if later or (final and not new):
+                done.append(path)
+                at_number, at_offset = at_number + 1, 0
+                if later:
+                    continue
+            break
+        try:
+            if entries:
+                if conn is None:
+                    conn = _connect(db, busy_timeout, durability)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    apply(conn, _merged(entries))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.rollback()
+                    raise
+        except (sqlite3.Error, OSError) as exc:
+            failing = True
+            text = str(exc).replace("\n", " ")
+            out.write(f"error the audit database cannot be written: {text}\n")
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                conn = None
+            if final:
+                if give_up is None:
+                    give_up = time.monotonic() + max(30.0, busy_timeout * 3)
+                elif time.monotonic() > give_up:
+                    return 1  # the journal stays: the next host replays it
+            continue
+        failing = False
+        for path in done:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        number, offset = at_number, at_offset
+        out.write(f"done {number} {offset}\n")
+        if final and not entries:
+            break
+    if conn is not None:
+        conn.close()
+    return 0
+
+
+def _merged(entries: list[list[Any]]) -> list[list[Any]]:
+    """``entries`` with each outcome folded into its row when both are here (one write)."""
+    rows: dict[str, list[Any]] = {}
+    out: list[list[Any]] = []
+    for entry in entries:
+        if entry[0] == ROW:
+            row = list(entry)
+            out.append(row)
+            if row[1 + _OUTCOME] == "started":
+                rows[row[1]] = row
+            continue
+        row = rows.pop(entry[1], None)
+        if row is None:
+            out.append(entry)
+        else:
+            row[1 + _OUTCOME] = entry[2]
+            row[1 + _ENDED], row[2 + _ENDED], row[3 + _ENDED] = entry[3], entry[4], entry[5]
+    return out
+
+
+class Ingester:
+    """The host's handle on its audit writer: a process of its own (``serve``), so moving
+    records into SQLite takes nothing from the host's interpreter (no lock, no GIL).
+
+    The host only appends to the journal; the writer follows it. :attr:`error` is set while
+    the database cannot be written (the store refuses new calls: fail closed), and the
+    writer is started again if it dies. :meth:`drain` waits until what the journal holds
+    at that moment is in the database.
     """
 
     def __init__(
         self,
-        connect: Callable[[], sqlite3.Connection],
+        db: Path,
+        folder: Path,
+        host_id: str,
         *,
-        interval: float = 0.05,
-        backlog: int = 200_000,
+        interval: float,
+        busy_timeout: float,
+        durability: str,
     ) -> None:
-        self._connect = connect
-        self._interval = interval
-        self.backlog = backlog
+        self._argv = [
+            sys.executable,
+            "-I",  # no user site, no script folder on the path: imports only what it needs
+            str(Path(__file__).resolve()),
+            str(db),
+            str(folder),
+            host_id,
+            repr(interval),
+            repr(busy_timeout),
+            durability,
+        ]
         self._cond = threading.Condition(threading.Lock())
-        self._ops: list[list[Any]] = []
-        self._rows: dict[str, list[Any]] = {}
-        """Rows not yet handed to the thread, by call id (their outcome is merged in)."""
-        self._busy = False
-        self._drainers = 0
-        self._stop = False
         self.error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="toolhost-audit", daemon=True)
-        self._thread.start()
+        self.done: tuple[int, int] = (0, 0)
+        """Everything before this (segment, byte) is in the database."""
+        self._stopping = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._spawn()
 
-    @property
-    def pending(self) -> int:
-        return len(self._ops)
+    def _spawn(self) -> None:
+        proc = subprocess.Popen(
+            self._argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        self._proc = proc
+        threading.Thread(
+            target=self._follow, args=(proc,), name="toolhost-audit", daemon=True
+        ).start()
 
-    def row(self, entry: list[Any]) -> None:
-        """Queue ``[ROW, *values]`` (the journal's own entry, shared)."""
-        with self._cond:
-            self._ops.append(entry)
-            if entry[1 + _OUTCOME] == "started":
-                self._rows[entry[1]] = entry
-
-    def end(self, entry: list[Any]) -> None:
-        """Queue ``[END, call_id, outcome, ended, error_kind, error]``."""
-        with self._cond:
-            row = self._rows.pop(entry[1], None)
-            if row is not None:  # not written yet: store it once, closed
-                row[1 + _OUTCOME] = entry[2]
-                row[1 + _ENDED], row[2 + _ENDED], row[3 + _ENDED] = entry[3], entry[4], entry[5]
-            else:
-                self._ops.append(entry)
-
-    def seal(self, path: Path) -> None:
-        """Remove ``path`` once everything queued so far is committed."""
-        with self._cond:
-            self._ops.append([0, str(path)])
-
-    def drain(self, timeout: float) -> None:
-        """Block until everything queued is committed; raise ``TimeoutError`` if not in time."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._drainers += 1
-            try:
-                while self._ops or self._busy:
-                    self._cond.notify_all()
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(self.error or "the audit database is not keeping up")
-                    self._cond.wait(min(left, 0.05))
-            finally:
-                self._drainers -= 1
-
-    def stop(self, timeout: float) -> None:
-        """Commit what is queued (up to ``timeout`` seconds) and end the thread."""
-        with contextlib.suppress(TimeoutError):
-            self.drain(timeout)
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join(timeout=max(timeout, 1.0))
-
-    def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
-        delay = self._interval
-        while True:
+    def _follow(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
             with self._cond:
-                if not self._stop and not self._drainers:
-                    self._cond.wait(delay)  # let a batch gather (drain and stop cut it short)
-                if self._stop:
-                    break
-                batch, self._ops = self._ops, []
-                self._rows.clear()  # rows in the batch are the thread's now
-                self._busy = bool(batch)
-            if not batch:
-                continue
-            try:
-                if conn is None:
-                    conn = self._connect()
-                self._commit(conn, batch)
-            except (sqlite3.Error, OSError) as exc:
-                with self._cond:
-                    self.error = f"the audit database cannot be written: {exc}"
-                    self._ops[:0] = batch  # kept, in order, for the next try
-                    self._busy = False
-                    self._cond.notify_all()
-                logger.warning("%s (records kept in the journal; retrying)", self.error)
-                delay = min(1.0, delay * 2)
-                if conn is not None:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.close()
-                    conn = None
-                time.sleep(delay)
-                continue
-            delay = self._interval
-            with self._cond:
-                self.error = None
-                self._busy = False
+                if line.startswith("done "):
+                    _, number, offset = line.split()
+                    self.done = (int(number), int(offset))
+                    self.error = None
+                elif line.startswith("error "):
+                    self.error = line[6:]
                 self._cond.notify_all()
-        if conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+        proc.stdout.close()
+        code = proc.wait()
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        with self._cond:
+            if self._stopping:
+                self._cond.notify_all()
+                return
+            self.error = f"the audit writer stopped (exit code {code}); starting it again"
+            self._cond.notify_all()
+        logger.warning("%s", self.error)
+        time.sleep(0.2)
+        with self._cond:
+            if self._stopping:
+                return
+        self._spawn()
 
-    @staticmethod
-    def _commit(conn: sqlite3.Connection, batch: list[list[Any]]) -> None:
-        entries = [entry for entry in batch if entry[0] != 0]
-        conn.execute("BEGIN IMMEDIATE")
+    def _send(self, command: bytes) -> None:
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.write(command)
+                proc.stdin.flush()
+
+    def behind(self, position: tuple[int, int]) -> int:
+        """About how many bytes of the journal up to ``position`` are not in the database."""
+        number, offset = self.done
+        return max(0, (position[0] - number) * SEGMENT_SIZE + position[1] - offset)
+
+    def drain(self, position: tuple[int, int], timeout: float) -> None:
+        """Block until the journal up to ``position`` is in the database."""
+        deadline = time.monotonic() + timeout
+        self._send(b"drain\n")
+        with self._cond:
+            while self.done < position:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(self.error or "the audit database is not keeping up")
+                self._cond.wait(min(left, 0.1))
+
+    def stop(self, timeout: float) -> bool:
+        """Tell the writer the journal is complete; True if it wrote everything and ended."""
+        with self._cond:
+            self._stopping = True
+        proc = self._proc
+        if proc is None:
+            return True
+        self._send(b"stop\n")
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
         try:
-            apply(conn, entries)
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.rollback()
-            raise
-        for entry in batch:
-            if entry[0] == 0:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry[1])
+            return proc.wait(timeout) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()  # what it did not write, the next host replays from the journal
+            proc.wait()
+            return False
+
+
+if __name__ == "__main__":
+    _db, _folder, _host, _interval, _busy, _durability = sys.argv[1:7]
+    sys.exit(serve(_db, Path(_folder), _host, float(_interval), float(_busy), _durability))

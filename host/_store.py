@@ -54,6 +54,9 @@ __all__ = [
     "Outcome",
 ]
 
+_BACKLOG = 64 << 20
+"""Journal bytes the database may lag behind before new calls are refused."""
+
 Outcome = Literal["started", "ok", "denied", "failed", "unknown"]
 """``started`` until the call ends; then exactly one terminal outcome."""
 
@@ -500,17 +503,6 @@ class SQLiteStore:
         conn.executescript(_SCHEMA)
         return conn
 
-    def _ingest_connection(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self._busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,  # made and used on the ingester's thread only
-        )
-        sync = "FULL" if self.durability == "power" else "NORMAL"
-        conn.execute(f"PRAGMA synchronous={sync}")
-        return conn
-
     async def start(self, host_id: str) -> int:
         def open_and_reconcile() -> int:
             try:
@@ -527,8 +519,22 @@ class SQLiteStore:
             return 0
 
         await anyio.to_thread.run_sync(open_and_reconcile, limiter=self._limiter)
-        self._ingester = Ingester(self._ingest_connection, interval=self._interval)
-        return await self.reconcile()
+        closed = await self.reconcile()
+        try:
+            self._ingester = await anyio.to_thread.run_sync(self._start_writer, host_id)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot start the audit writer: {exc}") from exc
+        return closed
+
+    def _start_writer(self, host_id: str) -> Ingester:
+        return Ingester(
+            self.path,
+            self._journals,
+            host_id,
+            interval=self._interval,
+            busy_timeout=self._busy_timeout,
+            durability=self.durability,
+        )
 
     async def reconcile(self) -> int:
         """Close the open records and pending approvals of every host that is gone."""
@@ -569,12 +575,11 @@ class SQLiteStore:
     async def aclose(self) -> None:
         journal, self._journal = self._journal, None
         ingester, self._ingester = self._ingester, None
-        last = journal.close() if journal is not None else None
-        if ingester is not None:
-            if last is not None:
-                ingester.seal(last)  # removed once committed; else the next host replays it
+        if journal is not None:
+            journal.close()
+        if ingester is not None:  # it writes the rest and removes the journal
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(ingester.stop, self._busy_timeout + 1.0)
+                await anyio.to_thread.run_sync(ingester.stop, self._busy_timeout + 5.0)
 
         def close() -> None:
             conn, self._conn = self._conn, None
@@ -599,16 +604,16 @@ class SQLiteStore:
         if durable:  # a decision: nothing runs unless the whole trail is healthy
             if ingester.error is not None:
                 raise StoreUnavailable(ingester.error)
-            if ingester.pending > ingester.backlog:
+            if ingester.behind(journal.position) > _BACKLOG:
                 raise StoreUnavailable(
-                    f"the audit database is {ingester.pending} records behind the journal"
+                    "the audit database is more than "
+                    f"{_BACKLOG >> 20} MiB of records behind the journal"
                 )
         if call_id in self._open:
             raise StoreUnavailable(f"the call id {call_id} is already in the audit trail")
         entry = [ROW, *record]
         del entry[-1]  # seq: the database numbers the rows
-        self._append(journal, ingester, entry)
-        ingester.row(entry)
+        self._append(journal, entry)
         if record.outcome == "started":
             self._open.add(call_id)
         if durable and self.durability == "power":
@@ -624,18 +629,15 @@ class SQLiteStore:
         if call_id not in self._open:
             return DONE  # never started here, or already closed: a terminal outcome stays
         entry = [END, call_id, outcome, time.time(), error_kind, error]
-        self._append(journal, ingester, entry)
+        self._append(journal, entry)
         self._open.discard(call_id)
-        ingester.end(entry)
         return DONE
 
-    def _append(self, journal: Journal, ingester: Ingester, entry: list[Any]) -> None:
+    def _append(self, journal: Journal, entry: list[Any]) -> None:
         try:
-            sealed = journal.append(entry)
+            journal.append(entry)
         except (OSError, ValueError) as exc:
             raise StoreUnavailable(f"the audit journal cannot be written: {exc}") from exc
-        if sealed is not None:
-            ingester.seal(sealed)
         self._appended += 1
 
     async def _sync(self, journal: Journal) -> None:
@@ -663,21 +665,21 @@ class SQLiteStore:
     async def flush(self) -> None:
         """Wait until every record so far is in the database (raises
         :class:`StoreUnavailable` if it cannot be written within ``busy_timeout``)."""
-        ingester = self._ingester
-        if ingester is None:
+        ingester, journal = self._ingester, self._journal
+        if ingester is None or journal is None:
             return
         try:
-            await anyio.to_thread.run_sync(ingester.drain, self._busy_timeout + 1.0)
+            await anyio.to_thread.run_sync(
+                ingester.drain, journal.position, self._busy_timeout + 1.0
+            )
         except TimeoutError as exc:
             raise StoreUnavailable(str(exc)) from None
 
     async def tail(self, count: int) -> list[AuditRecord]:
         """The last ``count`` records, oldest first: the database's, with what the journals
         of running hosts hold that has not reached it yet."""
-        ingester = self._ingester
-        if ingester is not None:  # this host's own records first, with their numbers
-            with contextlib.suppress(TimeoutError):
-                await anyio.to_thread.run_sync(ingester.drain, min(self._busy_timeout, 1.0))
+        with contextlib.suppress(StoreUnavailable):  # this host's records, numbered, first
+            await self.flush()
         journals = self._journals
 
         def work(conn: sqlite3.Connection) -> list[AuditRecord]:

@@ -310,6 +310,12 @@ def test_records_of_a_killed_host_are_closed_as_unknown(probe: Probe) -> None:
             child.kill()
         child.communicate()
 
+    # The host's audit writer outlives it only to write the journal out, then ends.
+    journal = probe.root / ".agent" / "journal"
+    deadline = time.monotonic() + 30
+    while list(journal.glob("*.log")):
+        assert time.monotonic() < deadline, "the audit writer did not finish the journal"
+        time.sleep(0.05)
     conn = sqlite3.connect(probe.db)
     try:
         (open_before,) = conn.execute("SELECT outcome FROM audit").fetchone()
@@ -330,3 +336,33 @@ def test_records_of_a_killed_host_are_closed_as_unknown(probe: Probe) -> None:
             assert event.data["closed_as_unknown"] == 1
 
     anyio.run(reopen)
+
+
+# -- how durable a decision is ---------------------------------------------------------------
+
+
+async def test_the_policy_can_ask_for_power_cut_durability(probe: Probe) -> None:
+    policy = probe.root / "policy.toml"
+    policy.write_text(policy.read_text() + '\n[audit]\ndurability = "power"\n')
+    async with probe.open() as host:
+        assert isinstance(host.store, SQLiteStore)
+        assert host.store.durability == "power"
+        assert await host.call("echo", "hi") == "hi"
+        (record,) = await host.store.tail(1)
+    assert record.outcome == "ok"
+
+
+async def test_the_default_durability_is_the_process(probe: Probe) -> None:
+    async with probe.open() as host:
+        assert isinstance(host.store, SQLiteStore) and host.store.durability == "process"
+
+
+def test_a_bad_durability_names_the_field(probe: Probe) -> None:
+    from host import PolicyFileError
+    from host._config import load_policy
+
+    policy = probe.root / "policy.toml"
+    policy.write_text(policy.read_text() + '\n[audit]\ndurability = "disk"\n')
+    with pytest.raises(PolicyFileError) as info:
+        load_policy([policy], root=probe.root)
+    assert "durability" in str(info.value) and info.value.line is not None

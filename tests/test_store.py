@@ -277,7 +277,13 @@ async def test_a_dead_hosts_journal_is_replayed(tmp_path: Path) -> None:
     await dead.record(started("dead.1", "dead"), durable=True)
     await dead.record(started("dead.2", "dead"), durable=True)
     await dead.finish("dead.2", "ok", error_kind=None, error=None)
-    # the host dies: its lock goes, its journal stays, nothing reached the database
+    # the host dies with its audit writer: its lock goes, its journal stays, nothing
+    # reached the database
+    writer = dead._ingester  # pyright: ignore[reportPrivateUsage]
+    assert writer is not None and writer._proc is not None  # pyright: ignore[reportPrivateUsage]
+    writer._stopping = True  # pyright: ignore[reportPrivateUsage]
+    writer._proc.kill()  # pyright: ignore[reportPrivateUsage]
+    writer._proc.wait()  # pyright: ignore[reportPrivateUsage]
     assert dead._lock is not None  # pyright: ignore[reportPrivateUsage]
     dead._lock.release()  # pyright: ignore[reportPrivateUsage]
     following = SQLiteStore(tmp_path / "state.db")

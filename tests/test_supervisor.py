@@ -126,7 +126,8 @@ async def test_a_crash_looping_tool_becomes_unavailable_then_retries() -> None:
             await host.call("bump")
         assert sum(me.cpu_times()[:2]) - cpu < 0.5, "no busy loop while unavailable"
         assert len(recorder.of("capsule_started")) == started
-        assert not me.children(), "no capsule runs while the circuit is open"
+        capsules = [c for c in me.children() if "_journal.py" not in " ".join(c.cmdline())]
+        assert not capsules, "no capsule runs while the circuit is open (the audit writer may)"
         await anyio.sleep(1.5)  # unavailable_for = 2 s
         assert await host.call("bump") == 1
         assert len(recorder.of("capsule_started")) == started + 1
