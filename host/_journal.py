@@ -342,7 +342,12 @@ def serve(
     number = numbers[0] if numbers else 1
     offset = 0
     conn: sqlite3.Connection | None = None
-    out = os.fdopen(1, "w", buffering=1)
+    out = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="replace")
+
+    def report(line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the host may be gone: carry on
+            out.write(line)
+
     failing = False
     final = False
     give_up: float | None = None
@@ -383,7 +388,7 @@ def serve(
         except (sqlite3.Error, OSError) as exc:
             failing = True
             text = str(exc).replace("\n", " ")
-            out.write(f"error the audit database cannot be written: {text}\n")
+            report(f"error the audit database cannot be written: {text}\n")
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
@@ -399,7 +404,7 @@ def serve(
             with contextlib.suppress(OSError):
                 path.unlink()
         number, offset = at_number, at_offset
-        out.write(f"done {number} {offset}\n")
+        report(f"done {number} {offset}\n")
         if final and not entries:
             break
     if conn is not None:
@@ -473,6 +478,7 @@ class Ingester:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            env={},  # nothing of the host's environment: no secret to find in /proc (C01)
         )
         self._proc = proc
         threading.Thread(

@@ -366,3 +366,18 @@ def test_a_bad_durability_names_the_field(probe: Probe) -> None:
     with pytest.raises(PolicyFileError) as info:
         load_policy([policy], root=probe.root)
     assert "durability" in str(info.value) and info.value.line is not None
+
+
+async def test_the_audit_writer_holds_none_of_the_hosts_environment(probe: Probe) -> None:
+    import psutil
+
+    async with probe.open() as host:
+        assert await host.call("echo", "hi") == "hi"
+        writers = [
+            p
+            for p in psutil.Process().children()
+            if any(part.endswith("_journal.py") for part in p.cmdline())
+        ]
+        assert len(writers) == 1
+        environ = writers[0].environ()
+    assert "AUDIT_SECRET" not in environ and os.environ["AUDIT_SECRET"] not in str(environ)
