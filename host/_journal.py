@@ -209,29 +209,8 @@ def _fsync_dir(folder: Path) -> None:
 
 def read_segment(path: Path) -> Iterator[list[Any]]:
     """The records of one segment, up to its end or its first torn record."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return
-    at, size = 0, len(data)
-    while at + _HEAD.size <= size:
-        length, crc = _HEAD.unpack_from(data, at)
-        end = at + _HEAD.size + length
-        if length == 0 or end > size:
-            return
-        body = data[at + _HEAD.size : end]
-        if zlib.crc32(body) != crc:
-            return
-        try:
-            entry = protocol.decode(body)
-        except protocol.BadFrame as exc:
-            logger.warning("%s: an unreadable audit record at byte %d: %s", path, at, exc)
-            return
-        if _valid(entry):
-            yield entry
-        else:
-            logger.warning("%s: a malformed audit record at byte %d", path, at)
-        at = end
+    entries, _ = _read_from(path, 0)
+    return iter(entries)
 
 
 def _valid(entry: object) -> bool:
@@ -320,6 +299,8 @@ def _read_from(path: Path, offset: int) -> tuple[list[list[Any]], int]:
                     entry = None
                 if _valid(entry):
                     entries.append(entry)  # pyright: ignore[reportArgumentType]
+                else:
+                    logger.warning("%s: a malformed audit record at byte %d", path, at)
                 at = end
             return entries, at
     finally:

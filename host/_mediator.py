@@ -157,15 +157,9 @@ class Mediator:
             tool = spec.name
             bound = self.bind(spec, args, kwargs)
         except HostError as exc:  # unknown tool, invalid or huge arguments, broken policy
+            shown = tool if tool is not None else _shown_name(name)
             record = AuditRecord(
-                call_id=call_id,
-                host_id=self.host_id,
-                started=started,
-                session=session,
-                caller=caller,
-                tool=tool if tool is not None else _shown_name(name),
-                outcome="started",
-                policy_version=policy_version,
+                call_id, self.host_id, started, session, caller, shown, "started", policy_version
             )
             await self._refused(record, exc)
             raise

@@ -312,3 +312,28 @@ async def test_lock_files_of_dead_hosts_are_removed(tmp_path: Path) -> None:
     for store in (following, live, dead):
         await store.aclose()
     assert list(hosts.iterdir()) == []
+
+
+def test_a_torn_or_corrupt_journal_is_read_up_to_the_damage(tmp_path: Path) -> None:
+    from host import _journal
+
+    journal = _journal.Journal(tmp_path, "h1")
+    rows = [[_journal.ROW, f"h1.{i}", *[None] * (len(_journal.COLUMNS) - 1)] for i in range(5)]
+    for row in rows:
+        journal.append(row)
+    journal.append([_journal.END, "h1.0", "ok", 1.0, None, None])
+    (segment,) = _journal.segments(tmp_path)["h1"]
+    journal.close()
+    assert [e[1] for e in _journal.read_segment(segment)] == [f"h1.{i}" for i in range(5)] + [
+        "h1.0"
+    ]
+    data = bytearray(segment.read_bytes())
+    second = 8 + int.from_bytes(data[0:4], "little")  # where the second record starts
+    data[second + 12] ^= 0xFF  # a flipped bit in its body: its checksum fails
+    segment.write_bytes(bytes(data))
+    assert [e[1] for e in _journal.read_segment(segment)] == ["h1.0"]
+    data[second : second + 4] = b"\0\0\0\0"  # a record whose length never got written
+    segment.write_bytes(bytes(data))
+    assert [e[1] for e in _journal.read_segment(segment)] == ["h1.0"]
+    segment.write_bytes(b"\xff\xff\xff\x7f" + bytes(100))  # a length past the end
+    assert list(_journal.read_segment(segment)) == []
