@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 
 from host import AuditRecord, Grant, SQLiteStore
