@@ -45,6 +45,9 @@ class Target:
     fn: Callable[..., Any]
     params: tuple[tuple[str, int], ...]
     is_async: bool
+    by_name: bool = False
+    """Every parameter may be passed by name (no positional-only, no ``*args``/``**kwargs``):
+    the bound argument map is then the call's keyword arguments as it is."""
 
 
 def install_package(tools_dir: str, package: str = PACKAGE) -> None:
@@ -245,4 +248,5 @@ def resolve(
     is_async = inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(
         getattr(obj, "__wrapped__", None)
     )
-    return Target(name, obj, tuple((p, k) for p, k in params), is_async)
+    kinds = tuple((p, k) for p, k in params)
+    return Target(name, obj, kinds, is_async, all(k in (1, 3) for _, k in kinds))

@@ -11,11 +11,14 @@ tool's own frames.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import os
 import queue
 import sys
-from typing import Any
+import types
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from . import _registry
 from ._convert import NotPlainData, to_plain
@@ -39,6 +42,7 @@ from .protocol import (
     FrameDecoder,
     decode,
     encode,
+    packer,
 )
 
 __all__ = ["Capsule"]
@@ -107,6 +111,20 @@ def split_arguments(
 
 _Job = tuple[int, "_registry.Target", bytes]
 _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
+_NO_ARGS: tuple[Any, ...] = ()
+_Pack = Callable[[Any], bytes]
+
+
+def _ready_queue(loop: asyncio.AbstractEventLoop) -> collections.deque[asyncio.Handle] | None:
+    """The stock loop's queue of callbacks to run, where a task's first step is put.
+
+    None on 3.12+ (tasks start eagerly there) and for any other loop: then a task's first
+    step waits for the loop's next turn.
+    """
+    if _EAGER:
+        return None
+    ready = getattr(loop, "_ready", None)
+    return ready if type(ready) is collections.deque else None  # pyright: ignore[reportUnknownVariableType]
 
 
 class Capsule:
@@ -129,6 +147,10 @@ class Capsule:
         self._threads = sys.platform != "wasi"
         self._closed: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: collections.deque[asyncio.Handle] | None = None
+        self._batch = False  # dispatching one read's frames: replies wait for its end
+        self._flush_soon = False  # a _flush is scheduled on the loop
+        self._pack: _Pack = packer()  # the loop thread's own (a worker has its own)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -145,21 +167,33 @@ class Capsule:
                 while view:
                     view = view[os.write(self._out, view) :]
 
-    def _queue_reply(self, body: bytes) -> None:
-        """Queue a reply from the loop while other calls are in flight.
+    def _reply(self, body: bytes, others: bool) -> None:
+        """Send a reply from the loop thread; ``others``: other calls are in flight.
 
-        Replies of tasks that finish in the same turn of the loop go out together on the
-        next turn: one write and one wake-up of the host instead of one per call.
+        Replies made while one read's frames are dispatched go out together when they
+        all are, and replies of tasks that finish in the same turn of the loop while
+        others are in flight go out together on the next turn: one write and one wake-up
+        of the host instead of one per call.
         """
-        self._outbox.append(HEADER.pack(len(body)) + body)
-        if len(self._outbox) == 1:
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
+        data = HEADER.pack(len(body)) + body
+        if self._batch:
+            self._outbox.append(data)
+        elif others or self._outbox:
+            self._outbox.append(data)
+            if not self._flush_soon:
+                self._flush_soon = True
+                assert self._loop is not None
+                self._loop.call_soon(self._flush)
+        else:
+            self._write_frames(data)
 
     def _flush(self) -> None:
-        data = b"".join(self._outbox)
-        self._outbox.clear()
-        self._write_frames(data)
+        self._flush_soon = False
+        outbox = self._outbox
+        if outbox:
+            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+            outbox.clear()
+            self._write_frames(data)
 
     def send(self, value: dict[str, Any]) -> None:
         self.write(encode(value))
@@ -224,10 +258,9 @@ class Capsule:
         """Serve calls until the host closes the pipe."""
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._ready = _ready_queue(loop)
         self._closed = loop.create_future()
-        leftover = self._decoder.feed(b"")
-        for body in leftover:
-            self._dispatch(decode(body))
+        self._dispatch_all(self._decoder.feed(b""))
         loop.add_reader(self._in, self._on_readable)
         try:
             await self._closed
@@ -244,8 +277,24 @@ class Capsule:
             if not self._closed.done():
                 self._closed.set_result(None)
             return
-        for body in self._decoder.feed(data):
-            self._dispatch(decode(body))
+        bodies = self._decoder.feed(data)
+        self._batch = True  # _dispatch_all, inlined: every call's path
+        try:
+            for body in bodies:
+                self._dispatch(decode(body))
+        finally:
+            self._batch = False
+            self._flush()
+
+    def _dispatch_all(self, bodies: list[bytes]) -> None:
+        """Dispatch the frames of one read; their replies made meanwhile go out together."""
+        self._batch = True
+        try:
+            for body in bodies:
+                self._dispatch(decode(body))
+        finally:
+            self._batch = False
+            self._flush()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("k")
@@ -259,9 +308,20 @@ class Capsule:
                 self._submit((call_id, target, msg["args"]))
                 return
             assert self._loop is not None
-            # Where asyncio can (3.12+), the task's first step runs at once, so a tool
-            # that does not wait is answered in this turn of the loop, not the next.
+            # The task's first step runs at once (3.12+: asyncio does it; 3.11: _step_now),
+            # so a tool that does not wait is answered in this turn of the loop.
             task = asyncio.Task(self._run(call_id, target, msg["args"]), loop=self._loop, **_EAGER)
+            # asyncio.Task schedules its first step with call_soon, which appends it to the
+            # loop's ready queue: that handle is taken back and run now, inside the task as
+            # usual (current_task(), its context, cancellation), as 3.12's eager start
+            # does, so a tool that does not wait is answered without another turn of the
+            # loop (a select call and its bookkeeping).
+            ready = self._ready
+            if ready:
+                handle = ready[-1]
+                if getattr(handle._callback, "__self__", None) is task:  # pyright: ignore[reportUnknownMemberType, reportAttributeAccessIssue]
+                    ready.pop()
+                    handle._run()  # pyright: ignore[reportPrivateUsage]
             # The task forgets itself when it ends (see _run): no done callback, which
             # would cost one more turn of the loop per call after the reply is written.
             if not task.done():
@@ -281,31 +341,35 @@ class Capsule:
             del self._tasks[call_id]
 
     def _submit(self, job: _Job) -> None:
-        import threading
-
         self._jobs.put(job)
         if self._idle == 0 and self._workers < _MAX_WORKERS:
+            import threading
+
             self._workers += 1
             self._idle += 1
             threading.Thread(target=self._worker, daemon=True, name="tool").start()
 
     def _worker(self) -> None:
+        pack = packer()
+        jobs = self._jobs
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             if job is None:
                 return
             self._idle -= 1
             try:
-                body = self._execute(*job)
+                body = self._execute(*job, pack)
                 if body is not None:
                     self.write(body)
             finally:
                 self._idle += 1
 
-    def _execute(self, call_id: int, target: _registry.Target, raw_args: bytes) -> bytes | None:
+    def _execute(
+        self, call_id: int, target: _registry.Target, raw_args: bytes, pack: _Pack
+    ) -> bytes | None:
         """Run a sync tool on this (worker) thread; return the reply frame's body."""
         try:
-            args, kwargs = split_arguments(target.params, decode(raw_args))
+            args, kwargs = _arguments(target, decode(raw_args))
         except Exception as exc:  # a host bug, reported as data
             return self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}")
         try:
@@ -313,7 +377,7 @@ class Capsule:
             if inspect.isawaitable(result):
                 assert self._loop is not None
                 result = asyncio.run_coroutine_threadsafe(_await(result), self._loop).result()
-            return self._result_body(call_id, result)
+            return self._result_body(call_id, result, pack)
         except NotPlainData as exc:
             return self._error_body(
                 call_id, E_NOT_SERIALIZABLE, str(exc), type=exc.type_name, path=exc.path
@@ -325,15 +389,23 @@ class Capsule:
         """Run an async tool (or any tool, where there are no threads) on the loop."""
         try:
             try:
-                args, kwargs = split_arguments(target.params, decode(raw_args))
+                bound = decode(raw_args)
+                if target.by_name and type(bound) is dict:
+                    args: Any = _NO_ARGS
+                    kwargs: dict[str, Any] = bound  # pyright: ignore[reportUnknownVariableType]
+                else:
+                    args, kwargs = split_arguments(target.params, bound)
             except Exception as exc:  # a host bug, reported as data
-                self.write(self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}"))
+                body = self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}")
+                self._reply(body, len(self._tasks) - (call_id in self._tasks) > 0)
                 return
             try:
                 result = target.fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                body = self._result_body(call_id, result)
+                if type(result) is types.CoroutineType or inspect.isawaitable(result):
+                    result = await cast("Awaitable[Any]", result)
+                body = self._pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
+                if len(body) > self._max_frame:
+                    body = self._too_large(call_id, len(body))
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -345,10 +417,7 @@ class Capsule:
                 )
             except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
                 body = encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
-            if len(self._tasks) - (call_id in self._tasks) or self._outbox:  # others in flight
-                self._queue_reply(body)
-            else:
-                self.write(body)
+            self._reply(body, len(self._tasks) - (call_id in self._tasks) > 0)
         finally:
             self._tasks.pop(call_id, None)
 
@@ -358,17 +427,22 @@ class Capsule:
         return encode({"k": K_ERR, "id": call_id, "error": error})
 
     def _reply_error(self, call_id: int, kind: str, message: str, **extra: str) -> None:
-        self.write(self._error_body(call_id, kind, message, **extra))
+        self._reply(self._error_body(call_id, kind, message, **extra), True)
 
-    def _result_body(self, call_id: int, result: Any) -> bytes:
-        body = encode({"k": K_OK, "id": call_id, "value": to_plain(result)})
-        if len(body) > self._max_frame:
-            return self._error_body(
-                call_id,
-                E_TOO_LARGE,
-                f"the result is {len(body)} bytes, over the frame cap of {self._max_frame}",
-            )
-        return body
+    def _result_body(self, call_id: int, result: Any, pack: _Pack) -> bytes:
+        body = pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
+        return body if len(body) <= self._max_frame else self._too_large(call_id, len(body))
+
+    def _too_large(self, call_id: int, size: int) -> bytes:
+        message = f"the result is {size} bytes, over the frame cap of {self._max_frame}"
+        return self._error_body(call_id, E_TOO_LARGE, message)
+
+
+def _arguments(target: _registry.Target, bound: Any) -> tuple[Any, dict[str, Any]]:
+    """``*args, **kwargs`` for a call from its bound argument map."""
+    if target.by_name and type(bound) is dict:
+        return _NO_ARGS, bound  # pyright: ignore[reportUnknownVariableType]
+    return split_arguments(target.params, bound)
 
 
 async def _await(awaitable: Any) -> Any:

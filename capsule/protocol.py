@@ -47,6 +47,7 @@ Sandbox to host:
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
@@ -59,6 +60,7 @@ __all__ = [
     "BadFrame",
     "FrameDecoder",
     "encode",
+    "packer",
     "decode",
     "frame",
     "check_plain",
@@ -113,6 +115,13 @@ def _no_ext(code: int, data: bytes) -> Any:
 def encode(value: Any) -> bytes:
     """Pack plain data. Raises ``TypeError`` for anything that is not plain data."""
     return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
+
+
+def packer() -> Callable[[Any], bytes]:
+    """A private encoder, as :func:`encode` but cheaper per call (no encoder is built per
+    value). Not thread-safe: one per thread."""
+    pack: Any = msgpack.Packer(use_bin_type=True)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    return cast("Callable[[Any], bytes]", pack.pack)  # pyright: ignore[reportUnknownMemberType]
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
