@@ -23,6 +23,7 @@ from typing import Any, cast
 from . import _registry
 from ._convert import NotPlainData, to_plain
 from .protocol import (
+    DECODE_RATIO,
     E_BAD_CALL,
     E_NOT_SERIALIZABLE,
     E_TOO_LARGE,
@@ -43,6 +44,7 @@ from .protocol import (
     decode,
     encode,
     packer,
+    within_budget,
 )
 
 __all__ = ["Capsule"]
@@ -50,6 +52,8 @@ __all__ = ["Capsule"]
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MAX_WORKERS = 64
 _MAX_TEXT = 64 * 1024
+_CHECKED = 64 * 1024
+"""Replies larger than this are checked against the frame cap and the decoding budget."""
 
 
 def _text(obj: object) -> str:
@@ -143,7 +147,8 @@ class Capsule:
         self._outbox: list[bytes] = []
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._workers = 0
-        self._idle = 0
+        self._free = 0  # workers minus sync calls queued or running (see _submit)
+        self._count = threading.Lock()  # guards _workers and _free
         self._threads = sys.platform != "wasi"
         self._closed: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -341,28 +346,40 @@ class Capsule:
             del self._tasks[call_id]
 
     def _submit(self, job: _Job) -> None:
+        """Queue a sync call; start a worker unless one is free for it.
+
+        ``_free`` is the number of workers minus the calls queued or running (negative: a
+        backlog, once ``_MAX_WORKERS`` run). It is counted here, when a call is queued,
+        not when a worker picks it up: a worker that has taken a slow call but not yet
+        said so must not be counted free for the next one.
+        """
+        with self._count:
+            self._free -= 1
+            start = self._free < 0 and self._workers < _MAX_WORKERS
+            if start:
+                self._workers += 1
+                self._free += 1
         self._jobs.put(job)
-        if self._idle == 0 and self._workers < _MAX_WORKERS:
+        if start:
             import threading
 
-            self._workers += 1
-            self._idle += 1
             threading.Thread(target=self._worker, daemon=True, name="tool").start()
 
     def _worker(self) -> None:
         pack = packer()
         jobs = self._jobs
+        count = self._count
         while True:
             job = jobs.get()
             if job is None:
                 return
-            self._idle -= 1
             try:
                 body = self._execute(*job, pack)
                 if body is not None:
                     self.write(body)
             finally:
-                self._idle += 1
+                with count:
+                    self._free += 1
 
     def _execute(
         self, call_id: int, target: _registry.Target, raw_args: bytes, pack: _Pack
@@ -404,8 +421,8 @@ class Capsule:
                 if type(result) is types.CoroutineType or inspect.isawaitable(result):
                     result = await cast("Awaitable[Any]", result)
                 body = self._pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
-                if len(body) > self._max_frame:
-                    body = self._too_large(call_id, len(body))
+                if len(body) > _CHECKED:
+                    body = self._checked(call_id, body)
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -431,10 +448,19 @@ class Capsule:
 
     def _result_body(self, call_id: int, result: Any, pack: _Pack) -> bytes:
         body = pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
-        return body if len(body) <= self._max_frame else self._too_large(call_id, len(body))
+        return body if len(body) <= _CHECKED else self._checked(call_id, body)
 
-    def _too_large(self, call_id: int, size: int) -> bytes:
-        message = f"the result is {size} bytes, over the frame cap of {self._max_frame}"
+    def _checked(self, call_id: int, body: bytes) -> bytes:
+        """A large reply as it is, or a ``too_large`` error if the host would refuse it."""
+        if len(body) > self._max_frame:
+            message = f"the result is {len(body)} bytes, over the frame cap of {self._max_frame}"
+        elif not within_budget(body):
+            message = (
+                f"the result is too dense to decode: more than {DECODE_RATIO} bytes of "
+                "containers per byte of it (many tiny lists or dicts)"
+            )
+        else:
+            return body
         return self._error_body(call_id, E_TOO_LARGE, message)
 
 

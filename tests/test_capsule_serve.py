@@ -310,3 +310,15 @@ def test_output_errors_and_bad_calls_stay_data(capsule: Capsule) -> None:
     capsule.send({"k": "call", "id": 6, "tool": "add", "args": b"\xc1"})
     assert capsule.reply(6)["error"]["kind"] == "bad_call"
     assert capsule.value(7, "add", a=1, b=2) == 3
+
+
+def test_a_result_too_dense_for_the_host_to_decode_is_an_error_the_capsule_reports() -> None:
+    from capsule._serve import Capsule as Serving
+
+    serving = Serving(-1, -1)
+    dense = encode({"k": "ok", "id": 1, "value": [[]] * 1_500_000})  # 1.5 MB, ~90 MB decoded
+    error = decode(serving._checked(1, dense))["error"]  # pyright: ignore[reportPrivateUsage]
+    assert error["kind"] == "too_large"
+    assert "too dense" in error["message"]
+    plain = encode({"k": "ok", "id": 2, "value": ["x" * 100] * 20_000})  # 2 MB of text
+    assert serving._checked(2, plain) is plain  # pyright: ignore[reportPrivateUsage]
