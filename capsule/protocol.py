@@ -47,6 +47,7 @@ Sandbox to host:
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any, Final, cast
 
@@ -62,6 +63,7 @@ __all__ = [
     "encode",
     "packer",
     "decode",
+    "within_budget",
     "frame",
     "check_plain",
     "as_map",
@@ -74,6 +76,18 @@ MAX_DEPTH: Final = 512
 """Deepest nesting accepted in a value (msgpack itself stops at 1024)."""
 
 HEADER: Final = struct.Struct(">I")
+
+DECODE_RATIO: Final = 16
+"""Most bytes of Python objects one frame may decode to, per byte of the frame (G03)."""
+
+DECODE_FLOOR: Final = 64 * 1024 * 1024
+"""...but any frame may decode to this much: small frames are never counted (see
+:func:`decode`)."""
+
+_UNCOUNTED: Final = DECODE_FLOOR // 96
+"""Frames up to this size are decoded without counting: no msgpack value decodes to more
+than ~72 bytes per byte of its encoding (an array of empty maps), plus the keys, so they
+stay under :data:`DECODE_FLOOR` whatever they hold. This is every frame of the hot path."""
 
 K_LOAD: Final = "load"
 K_CALL: Final = "call"
@@ -125,19 +139,113 @@ def packer() -> Callable[[Any], bytes]:
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
-    """Unpack one msgpack value, strictly. Raises :class:`BadFrame` on any violation."""
+    """Unpack one msgpack value, strictly. Raises :class:`BadFrame` on any violation.
+
+    What a frame decodes to is bounded (G03): one byte of msgpack can become ~72 bytes of
+    Python objects (an empty map, an empty array) and short strings ~20, so a 16 MiB frame
+    of them would take a gigabyte. msgpack caps every string's and container's length by
+    the frame's own length (``max_*_len``, set from ``len(data)``, checked in C on each
+    header before anything is allocated). A frame over :data:`_UNCOUNTED` bytes may hold
+    at most ``DECODE_RATIO`` times its size (or :data:`DECODE_FLOOR`, if more) in arrays
+    and maps: one C pass bounds their number from above (:func:`_few_containers`), and
+    only a frame that could pass the budget is decoded counting each container's
+    ``sys.getsizeof`` as it is built, stopping with :class:`BadFrame` once past it.
+    Scalars are not counted: short strings make at most ~22 bytes per byte.
+    """
+    size = len(data)
     try:
+        if size <= _UNCOUNTED:
+            return msgpack.unpackb(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+                data,
+                raw=False,
+                strict_map_key=True,
+                use_list=True,
+                ext_hook=_no_ext,
+            )
+        limit = max(DECODE_FLOOR, DECODE_RATIO * size)
+        if _few_containers(data, limit):
+            return msgpack.unpackb(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+                data, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext
+            )
+        budget = _Budget(limit)
         return msgpack.unpackb(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
             data,
             raw=False,
             strict_map_key=True,
             use_list=True,
             ext_hook=_no_ext,
+            list_hook=budget.array,
+            object_hook=budget.map,
         )
     except BadFrame:
         raise
     except (ValueError, TypeError) as exc:  # StackError, ExtraData, FormatError, UTF-8 errors
         raise BadFrame(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
+
+
+_CONTAINER_BYTES: Final = bytes([*range(0x80, 0xA0), *range(0xDC, 0xE0)])
+"""Every first byte of a msgpack array or map header (fixmap, fixarray, 16 and 32 bits)."""
+
+_CONTAINER_COST: Final = 72
+"""The most bytes one container decodes to per byte of it (an empty map: 64 + a pointer)."""
+
+
+def _few_containers(data: bytes | bytearray | memoryview, limit: int) -> bool:
+    """Whether ``data`` surely holds too few containers to pass ``limit`` bytes.
+
+    Counts the bytes that could start a container header (an upper bound: payload bytes
+    count too) in one C pass. Plain data passes here (ASCII text and small ints never hit
+    those bytes); binary or non-Latin text may not, and is then counted exactly.
+    """
+    view = memoryview(data).cast("B")
+    rest = len(view.tobytes().translate(None, _CONTAINER_BYTES))
+    return (len(view) - rest) * _CONTAINER_COST <= limit
+
+
+class _Budget:
+    """Counts the bytes a frame's decoded containers take (see :func:`decode`)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def _spent(self) -> BadFrame:
+        return BadFrame(
+            f"the frame decodes to more than {DECODE_RATIO} times its size "
+            f"(or {DECODE_FLOOR >> 20} MiB): too many containers"
+        )
+
+    def array(self, items: list[Any]) -> list[Any]:
+        self.left -= _sizeof(items)
+        if self.left < 0:
+            raise self._spent()
+        return items
+
+    def map(self, mapping: dict[Any, Any]) -> dict[Any, Any]:
+        self.left -= _sizeof(mapping)
+        if self.left < 0:
+            raise self._spent()
+        return mapping
+
+
+_sizeof: Final = sys.getsizeof
+
+
+def within_budget(body: bytes) -> bool:
+    """Whether :func:`decode` would accept ``body`` as far as its decoding budget goes.
+
+    For a sender: a capsule checks a large reply before sending it, so a result that is
+    too dense to decode becomes an error it reports, not a breach of the wire rules.
+    """
+    size = len(body)
+    if size <= _UNCOUNTED or _few_containers(body, max(DECODE_FLOOR, DECODE_RATIO * size)):
+        return True
+    try:
+        decode(body)
+    except BadFrame:
+        return False
+    return True
 
 
 def frame(value: Any) -> bytes:

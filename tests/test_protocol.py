@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import subprocess
+import sys
+import textwrap
+from collections.abc import Generator
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import msgpack
 import pytest
@@ -28,6 +34,7 @@ from capsule.protocol import (
     decode,
     encode,
     frame,
+    within_budget,
 )
 
 FUZZ = settings(
@@ -180,6 +187,57 @@ def test_g04_deep_nesting_is_refused() -> None:
     with pytest.raises(BadFrame):
         check_plain(nest(11), max_depth=10)
     check_plain(nest(10), max_depth=10)
+
+
+_PEAK = textwrap.dedent(
+    """
+    import resource, sys
+    from capsule.protocol import BadFrame, decode
+    size = int(sys.argv[1])
+    body = b"\\xdd" + size.to_bytes(4, "big") + b"\\x80" * size  # array32 of empty maps
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        decode(body)
+        outcome = "decoded"
+    except BadFrame as exc:
+        outcome = str(exc)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    print(grown * 1024, outcome)
+    """
+)
+
+
+def test_g03_a_frame_of_empty_containers_is_refused_within_a_bounded_peak() -> None:
+    # 6 MiB of empty maps: a gigabyte-class amplification (~72x, ~430 MiB here) before
+    # the budget; now refused once the containers pass the floor of 64 MiB.
+    size = 6 * 1024 * 1024
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(size)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        check=True,
+    )
+    grown, outcome = done.stdout.split(" ", 1)
+    assert "decodes to more than" in outcome
+    assert int(grown) < 24 * size, f"peak RSS grew by {int(grown) >> 20} MiB"
+
+
+def test_g03_the_budget_scales_with_the_frame_and_spares_plain_data() -> None:
+    dense = encode([{}] * 200_000)  # 200 KB of empty maps: ~13 MB decoded
+    with mock.patch.object(p, "_UNCOUNTED", 0), mock.patch.object(p, "DECODE_FLOOR", 0):
+        with pytest.raises(BadFrame, match="decodes to more than 16 times its size"):
+            decode(dense)
+        assert not within_budget(dense)
+        rows = [{"id": i, "name": f"row {i}", "tags": ["a", "b"]} for i in range(2_000)]
+        text = [{"id": i, "text": "漢字かなカナ" * 3} for i in range(2_000)]  # counted exactly
+        for value in (rows, text, SAMPLE, [b"\x80\x90\xdc" * 1000] * 3):
+            assert decode(encode(value)) == value
+            assert within_budget(encode(value))
+    assert decode(dense) == [{}] * 200_000  # small frames are never counted
+    assert within_budget(dense)
 
 
 @pytest.mark.parametrize(
@@ -416,3 +474,32 @@ def test_fuzz_truncated_duplicated_and_spliced_frames_raise_only_bad_frame(
         mangled = body[:i] + junk + body[i:]
     for value_out in only_bad_frames(HEADER.pack(len(mangled)) + mangled, []):
         assert_plain(value_out)
+
+
+@contextlib.contextmanager
+def counted(floor: int) -> Generator[None]:
+    """Every frame decoded by counting its containers, with a budget of ``floor`` bytes."""
+    with (
+        mock.patch.object(p, "_UNCOUNTED", -1),
+        mock.patch.object(p, "_CONTAINER_COST", 1 << 40),  # the C pre-count never vouches
+        mock.patch.object(p, "DECODE_FLOOR", floor),
+    ):
+        yield
+
+
+@FUZZ_VALUES
+@given(value=plain_values)
+def test_fuzz_plain_values_round_trip_through_the_counted_decoder(value: Any) -> None:
+    with counted(floor=1 << 20):
+        assert strict(encode(value)) == value
+
+
+@FUZZ
+@given(body=st.binary(max_size=200))
+def test_fuzz_random_bodies_raise_only_bad_frame_in_the_counted_decoder(body: bytes) -> None:
+    with counted(floor=64):
+        try:
+            value = strict(body)
+        except BadFrame:
+            return
+    assert_plain(value)
