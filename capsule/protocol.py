@@ -288,14 +288,27 @@ class FrameDecoder:
         return out
 
 
+_NAMES: Final = frozenset({"k", "kind", "file"})
+"""Fields that name something (a frame's kind, an error's kind, a tool file): strings
+wherever they appear, so a host can look them up, compare and print them as they are."""
+
+
 def as_map(value: Any) -> dict[str, Any]:
-    """``value`` if it is a map (decoded with str keys), else :class:`BadFrame`."""
+    """``value`` if it is a map (decoded with str keys), else :class:`BadFrame`.
+
+    Its :data:`_NAMES` fields, where present, must be strings: a peer's ``"k"`` that is
+    a list 1,000 deep would otherwise reach a ``repr`` in an error message and raise
+    ``RecursionError`` there (G04), and one that is unhashable a ``TypeError`` at the
+    first lookup, neither of them a :class:`BadFrame`.
+    """
     if not isinstance(value, dict):
         raise BadFrame(f"expected a map, got {type(value).__name__}")
     mapping: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
     for key in mapping:
         if type(key) is not str:
             raise BadFrame(f"map keys must be str, not {type(key).__name__}")
+        if key in _NAMES and type(mapping[key]) is not str:
+            raise BadFrame(f"{key!r} must be a string, not {type(mapping[key]).__name__}")
     return mapping
 
 

@@ -346,9 +346,14 @@ class ArgumentValidator:
         fast, validator = self._validator(tool)
         if (fast is not None and fast(arguments)) or validator is None:
             return
-        if validator.is_valid(arguments):
-            return
-        error: Any = _best_match(validator.iter_errors(arguments))
+        try:
+            if validator.is_valid(arguments):
+                return
+            error: Any = _best_match(validator.iter_errors(arguments))
+        except RecursionError:  # jsonschema recurses a few frames per level of a value
+            raise InvalidArguments(
+                tool, "the arguments are nested too deeply to check against their types"
+            ) from None
         path: list[Any] = list(error.absolute_path)
         message = str(error.message)
         where = _where(path)

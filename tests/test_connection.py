@@ -353,6 +353,13 @@ async def test_console_frames_become_events() -> None:
 
 # -- breaches of the wire rules ------------------------------------------------------------
 
+def nest(depth: int) -> Any:
+    value: Any = None
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_ENVELOPES: dict[str, bytes] = {
     "id_str": frame(ok("1")),
     "id_float": frame(ok(1.0)),
@@ -377,6 +384,13 @@ BAD_ENVELOPES: dict[str, bytes] = {
     "trailing_bytes": HEADER.pack(len(encode(ok(1)) + b"\xc0")) + encode(ok(1)) + b"\xc0",
     "truncated_body": HEADER.pack(3) + b"\x83\xa1k",
     "deep": HEADER.pack(2000) + b"\x91" * 1999 + b"\xc0",
+    # G04: as deep as the decoder allows, where the host reads before any depth check.
+    "kind_deep": frame({"k": nest(1022), "id": 1}),
+    "id_deep": frame(ok(nest(1022))),
+    "err_deep": frame({"k": "err", "id": 1, "error": nest(1022)}),
+    "err_kind_deep": frame(err(1, nest(1021))),  # pyright: ignore[reportArgumentType]
+    "err_message_deep": frame(err(1, message=nest(1021))),
+    "console_deep": frame({"k": "console", "stream": nest(1022), "data": nest(1022)}),
     "console_bad_stream": frame({"k": "console", "stream": "fd3", "data": "x"}),
     "console_bytes": frame({"k": "console", "stream": "stdout", "data": b"x"}),
     "oversize_header": b"\xff\xff\xff\xff",
