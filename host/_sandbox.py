@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capsule import protocol as p
 
-from . import _wasm
+from . import _forkserver, _wasm
 from ._config import Limits
 from ._discovery import ToolSpec
 from ._events import Event, EventBus
@@ -303,6 +303,7 @@ class CodeSandbox:
         self._closed = False
         self.starts = 0
         self._spare: _Spare | None = None
+        self._lease: _forkserver.Lease | None = None
         self._unsubscribe = events.subscribe(self._on_event)
 
     @staticmethod
@@ -328,6 +329,16 @@ class CodeSandbox:
                 preopens=[_wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False)],
                 memory=self._limits.code_memory,
             )
+            if self._closed:
+                raise OSError("the session is closing")
+            if self._lease is None:
+                self._lease = _forkserver.Lease(prepared.cwasm)
+            try:
+                return await _forkserver.spawn(self._lease, spec)
+            except _forkserver.ForkUnavailable as exc:
+                if self._closed:
+                    raise OSError("the session is closing") from None
+                logger.warning("starting the sandbox without the fork server: %s", exc)
             return await _wasm.spawn_guest(spec)
         return await self._spawn_subprocess()
 
@@ -720,3 +731,6 @@ class CodeSandbox:
             spare.guest.close()
         with anyio.CancelScope(shield=True):
             await self._discard("the session is closing")
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await lease.release()

@@ -38,6 +38,7 @@ __all__ = [
     "prepare",
     "prepare_blocking",
     "spawn_guest",
+    "load",
     "run_guest",
     "guest_argv",
     "LIB_GUEST",
@@ -65,6 +66,8 @@ TRAP_EXIT: Final = 70
 TRAP_PREFIX: Final = "toolhost-wasm: trap: "
 
 _HOST_ROOT = Path(__file__).resolve().parent.parent
+HOST_ROOT: Final = _HOST_ROOT
+"""The checkout: the working folder of every child (``capsule`` is importable from it)."""
 CHILD: Final = Path(__file__).resolve().with_name("_wasm_child.py")
 """Run by path, so the child imports neither ``host`` nor its dependencies (start-up)."""
 
@@ -223,18 +226,31 @@ def _engine() -> Any:
     return wasmtime.Engine(config)
 
 
-def run_guest(spec: GuestSpec) -> int:
-    """Run one guest to its end on this thread, with the process's fds 0, 1 and 2 as its
-    stdin, stdout and stderr. Returns its exit status (:data:`TRAP_EXIT` on a trap)."""
+def load(cwasm: str) -> tuple[Any, Any, Any]:
+    """(engine, module, linker) for a compiled module of this user's cache.
+
+    The linker has WASI defined and can instantiate the module in any number of stores.
+    """
     import wasmtime
 
-    if not private_file(Path(spec.cwasm)):
+    if not private_file(Path(cwasm)):
         # deserialize_file trusts its input: only a file this user's cache made is loaded.
-        raise WasmUnavailable(f"{spec.cwasm} is not a private cache file; refusing to load it")
+        raise WasmUnavailable(f"{cwasm} is not a private cache file; refusing to load it")
     engine = _engine()
-    module = wasmtime.Module.deserialize_file(engine, spec.cwasm)
+    module = wasmtime.Module.deserialize_file(engine, cwasm)
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
+    return engine, module, linker
+
+
+def run_guest(spec: GuestSpec, loaded: tuple[Any, Any, Any] | None = None) -> int:
+    """Run one guest to its end on this thread, with the process's fds 0, 1 and 2 as its
+    stdin, stdout and stderr. Returns its exit status (:data:`TRAP_EXIT` on a trap).
+
+    ``loaded`` is :func:`load` of ``spec.cwasm``, done earlier (the fork server's)."""
+    import wasmtime
+
+    engine, module, linker = loaded if loaded is not None else load(spec.cwasm)
     store = wasmtime.Store(engine)
     if spec.memory is not None:
         store.set_limits(memory_size=spec.memory)
@@ -408,14 +424,14 @@ def child_command(spec: GuestSpec) -> list[str]:
     # told where wasmtime is instead.
     return [
         *(sys.executable, "-I", "-S", str(CHILD)),
-        *("run", spec.to_json(), str(os.getpid()), _wasmtime_root()),
+        *("run", spec.to_json(), str(os.getpid()), wasmtime_root()),
     ]
 
 
 _wasmtime_roots: list[str] = []
 
 
-def _wasmtime_root() -> str:
+def wasmtime_root() -> str:
     """The folder ``wasmtime`` is imported from (found without importing it)."""
     if not _wasmtime_roots:
         from importlib.util import find_spec

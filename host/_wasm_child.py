@@ -9,12 +9,29 @@ traps long before it); a lifeline thread ends the process if the host goes away.
 guest (even one blocked in a WASI call, which epochs cannot interrupt) is ended by the
 host killing this process.
 
+``zygote PID WASMTIME_ROOT CWASM`` is the fork server (``host/_forkserver.py`` starts it):
+it imports wasmtime and loads the compiled module once, then forks one child per guest,
+so a new guest skips the interpreter start, ``import wasmtime`` and the module load. Its
+stdin is a Unix socket from the host; each request is a :class:`GuestSpec` as JSON with
+four descriptors attached: the guest's stdin, stdout and stderr, and a status pipe on
+which the server writes ``P<pid>`` once the child exists and ``X<code>`` once it has
+ended (a negative code is a signal). The child is reaped only when the host closes its
+end of the status pipe (until then its pid cannot be reused, so the host may still
+kill it by pid); a child whose status pipe is closed before it ended is killed.
+
+The server stays single-threaded (nothing wasmtime loads starts a thread; it is checked
+before every fork), so forking is safe. A forked child starts its own session, keeps no
+descriptor but its three pipes and the compiled module that wasmtime has mapped, dies
+with the server (``PR_SET_PDEATHSIG``, and the lifeline), and the server dies with the
+host (it polls its parent, and exits when the host closes the socket).
+
 ``prepare ROOT`` compiles the runtime into the private cache under ROOT and prints the
 :class:`Prepared` paths as JSON (run once per cache, by the host, off its event loop).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -24,6 +41,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def _wasm() -> ModuleType:
@@ -44,28 +62,15 @@ def _lifeline(parent: int) -> None:
             os._exit(1)
 
 
-def main(argv: list[str]) -> int:
-    wasm = _wasm()
-    if argv[:1] == ["prepare"] and len(argv) == 2:
-        prepared = wasm.prepare_blocking(root=Path(argv[1]))
-        print(json.dumps(asdict(prepared)))
-        return 0
-    if argv[:1] != ["run"] or len(argv) not in (3, 4):
-        print(
-            "usage: _wasm_child.py run SPEC PARENT_PID [WASMTIME_ROOT] | prepare ROOT",
-            file=sys.stderr,
-        )
-        return 2
-    if len(argv) == 4:  # started without ``site``: where wasmtime is
-        sys.path.append(argv[3])
-    spec = wasm.GuestSpec.from_json(argv[1])
+def _run(wasm: ModuleType, spec: Any, parent: int, loaded: Any = None) -> int:
+    """Run the guest on a thread with a large stack; the lifeline watches ``parent``."""
     # The parent's pid comes from the parent: one read here could already see a reaper's.
-    threading.Thread(target=_lifeline, args=(int(argv[2]),), daemon=True).start()
+    threading.Thread(target=_lifeline, args=(parent,), daemon=True).start()
     status: list[int] = []
 
     def guest() -> None:
         try:
-            status.append(wasm.run_guest(spec))
+            status.append(wasm.run_guest(spec, loaded))
         except BaseException as exc:  # reported on stderr; the host reads the tail
             print(f"toolhost-wasm: {type(exc).__name__}: {exc}", file=sys.stderr)
             status.append(1)
@@ -75,6 +80,209 @@ def main(argv: list[str]) -> int:
     thread.start()
     thread.join()
     return status[0] if status else 1
+
+
+def main(argv: list[str]) -> int:
+    wasm = _wasm()
+    if argv[:1] == ["prepare"] and len(argv) == 2:
+        prepared = wasm.prepare_blocking(root=Path(argv[1]))
+        print(json.dumps(asdict(prepared)))
+        return 0
+    if argv[:1] == ["zygote"] and len(argv) == 4:
+        sys.path.append(argv[2])
+        return _Zygote(wasm, int(argv[1]), argv[3]).serve()
+    if argv[:1] != ["run"] or len(argv) not in (3, 4):
+        print(
+            "usage: _wasm_child.py run SPEC PARENT_PID [WASMTIME_ROOT]"
+            " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare ROOT",
+            file=sys.stderr,
+        )
+        return 2
+    if len(argv) == 4:  # started without ``site``: where wasmtime is
+        sys.path.append(argv[3])
+    return _run(wasm, wasm.GuestSpec.from_json(argv[1]), int(argv[2]))
+
+
+# -- the fork server ----------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+_TICK_MS = 200
+"""How often the server checks that the host is still its parent."""
+
+
+def _open_fds() -> set[int]:
+    """This process's open descriptors."""
+    try:
+        names = os.listdir("/proc/self/fd")  # its own descriptor is gone once it returns
+    except OSError:
+        names = [str(fd) for fd in range(os.sysconf("SC_OPEN_MAX"))]
+    found: set[int] = set()
+    for name in names:
+        fd = int(name)
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        found.add(fd)
+    return found
+
+
+def _threads() -> int:
+    """This process's threads, native ones included (Linux), else Python's."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+class _Zygote:
+    def __init__(self, wasm: ModuleType, host: int, cwasm: str) -> None:
+        import ctypes
+        import signal
+        import socket
+
+        self._wasm = wasm
+        self._host = host
+        self._socket = socket.socket(fileno=0)  # the host's Unix socket is our stdin
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        before = _open_fds()
+        self.loaded = wasm.load(cwasm)
+        # What wasmtime keeps open for the module it mapped (the .cwasm file): the
+        # children need it, and it holds nothing the guest can reach.
+        self._keep = _open_fds() - before
+        self._children: dict[int, int] = {}  # pid -> status pipe
+        self._ended: set[int] = set()
+        self._wake_r, wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        self._wake_w = wake_w
+
+    def serve(self) -> int:
+        import select
+
+        poll = select.poll()
+        poll.register(0, select.POLLIN)
+        poll.register(self._wake_r, select.POLLIN)
+        while True:
+            events = poll.poll(_TICK_MS)
+            if os.getppid() != self._host:
+                return 1  # the host is gone: the children die with this process
+            for fd, event in events:
+                if fd == 0:
+                    if not self._request(poll):
+                        return 0  # the host closed the socket
+                elif fd == self._wake_r:
+                    while True:
+                        try:
+                            if not os.read(self._wake_r, 512):
+                                break
+                        except BlockingIOError:
+                            break
+                    self._reap_check()
+                elif event & (select.POLLERR | select.POLLHUP):
+                    self._released(poll, fd)
+
+    def _request(self, poll: Any) -> bool:
+        import socket
+
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self._socket, 1 << 20, 4)
+        except OSError:
+            return False
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return False
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            return True
+        stdin, stdout, stderr, status = fds
+        pid = -1
+        try:
+            spec = self._wasm.GuestSpec.from_json(data.decode())
+            if _threads() != 1:
+                raise RuntimeError("the fork server has threads; it cannot fork safely")
+            pid = os.fork()
+            if pid == 0:
+                self._child(spec, stdin, stdout, stderr)  # never returns
+        except Exception as exc:
+            os.write(stderr, f"toolhost-wasm: the fork server failed: {exc}\n".encode())
+        finally:
+            for fd in (stdin, stdout, stderr):
+                os.close(fd)
+        if pid <= 0:
+            os.close(status)  # no pid: the host falls back to a child of its own
+            return True
+        self._children[pid] = status
+        with contextlib.suppress(OSError):  # if the host already let go, _released reaps it
+            os.write(status, f"P{pid}\n".encode())
+        poll.register(status, 0)  # POLLERR once the host closes its end
+        self._reap_check()
+        return True
+
+    def _child(self, spec: Any, stdin: int, stdout: int, stderr: int) -> None:
+        import signal
+
+        try:
+            os.setsid()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            parent = os.getppid()
+            self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the server died before the line above
+                os._exit(1)
+            for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+                os.dup2(fd, target)
+            for fd in _open_fds() - self._keep - {0, 1, 2}:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            os.environ.clear()  # the guest gets spec.env only; this process needs nothing
+            sys.stdout.flush()
+            code = _run(self._wasm, spec, parent, self.loaded)
+            sys.stderr.flush()
+        except BaseException:  # never fall back into the server's loop
+            code = 1
+        os._exit(code)
+
+    def _reap_check(self) -> None:
+        """Report every child that ended, without reaping it (its pid stays reserved)."""
+        for pid, status in self._children.items():
+            if pid in self._ended:
+                continue
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+                code = -9
+            else:
+                if info is None:
+                    continue
+                code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            self._ended.add(pid)
+            with contextlib.suppress(OSError):
+                os.write(status, f"X{code}\n".encode())
+
+    def _released(self, poll: Any, status: int) -> None:
+        """The host closed a child's status pipe: kill it if it still runs, and reap it."""
+        import signal
+
+        pid = next((p for p, fd in self._children.items() if fd == status), None)
+        poll.unregister(status)
+        os.close(status)
+        if pid is None:
+            return
+        del self._children[pid]
+        if pid not in self._ended:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._ended.discard(pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":
