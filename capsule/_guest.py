@@ -525,6 +525,50 @@ def _names(code: Any, into: set[str]) -> set[str]:
     return into
 
 
+class _LoaderThen:
+    """A module's own loader, then a callback once the module has run."""
+
+    __slots__ = ("_loader", "_then")
+
+    def __init__(self, loader: Any, then: Any) -> None:
+        self._loader = loader
+        self._then = then
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self._loader  # no trace of this wrapper
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _WhenAsyncio:
+    """On ``sys.meta_path`` until ``asyncio`` is first imported, however that happens
+    (``import asyncio``, ``__import__``, ``importlib``, another module): then the sandbox
+    makes its event loop at once, so a run that reached asyncio finds it running."""
+
+    def __init__(self, then: Any) -> None:
+        self._then = then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "asyncio":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _LoaderThen(spec.loader, self._then)
+                return spec
+        return None
+
+
 class Sandbox:
     """The guest's state: the agent's namespace, the calls waiting on the host, the loop.
 
@@ -547,6 +591,7 @@ class Sandbox:
         self._calls: list[ToolCall] = []
         self._sources: dict[str, tuple[int, None, list[str], str]] = {}
         self._warm = list(_WARM_UP)
+        self._hook: _WhenAsyncio | None = None
         self.loop_mode = False
         self.max_output = 1024 * 1024
         self.max_argument = 4 * 1024 * 1024
@@ -570,6 +615,9 @@ class Sandbox:
             return False
         if msg.get("k") != K_SETUP or self._frames.pending:
             raise _HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
+        if "asyncio" not in sys.modules:
+            self._hook = _WhenAsyncio(self._asyncio_imported)
+            sys.meta_path.insert(0, self._hook)
         self.max_output = int(msg.get("max_output", self.max_output))
         self.max_argument = int(msg.get("max_argument", self.max_argument))
         scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -611,14 +659,28 @@ class Sandbox:
             if name == "asyncio":
                 self._event_loop()
 
+    def _asyncio_imported(self) -> None:
+        """``asyncio`` was just imported: the loop exists from now on, and a run driven by
+        hand sees it running, as it would had the loop existed when the run began."""
+        hook, self._hook = self._hook, None
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        if self._run is None or self.loop_mode:
+            return  # between runs (the warm-up) the loop is made by whoever imported it
+        loop = self._event_loop()
+        import asyncio
+
+        asyncio.events._set_running_loop(loop)  # pyright: ignore[reportPrivateUsage]
+
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             import asyncio
 
             from . import _wasi
 
-            self._loop = _wasi.new_event_loop()
-            asyncio.set_event_loop(self._loop)
+            if self._loop is None:  # importing asyncio may have made it (_asyncio_imported)
+                self._loop = _wasi.new_event_loop()
+                asyncio.set_event_loop(self._loop)
         return self._loop
 
     def _on_readable(self) -> None:
@@ -869,7 +931,7 @@ class Sandbox:
                 except BaseException as exc:  # the call's error, raised where it was awaited
                     error = exc
         finally:
-            if loop is not None:
+            if self._loop is not None:  # also when the run itself imported asyncio
                 import asyncio
 
                 asyncio.events._set_running_loop(None)  # pyright: ignore[reportPrivateUsage]

@@ -232,6 +232,24 @@ async def test_runs_move_to_asyncio_when_they_need_it(proj: Path) -> None:
         assert ok(await host.run_code("await count()")) == 1
 
 
+async def test_asyncio_reached_without_its_name_right_after_boot(proj: Path) -> None:
+    """Code that reaches asyncio without naming it, in a sandbox just booted (before the
+    idle warm-up imported asyncio), still finds its event loop running."""
+    codes = (
+        "aio = __import__('asyncio')\nt = aio.create_task(add(1, 2))\nawait t",
+        "import importlib\nloop = importlib.import_module('asyncio').get_running_loop()\n"
+        "await loop.create_task(add(1, 2))",
+    )
+    async with Host.open(proj) as host:
+        for code in codes:
+            await host.reset_code()  # the run below goes to a sandbox booted just now
+            result = await host.run_code(code)
+            assert result.ok, result.error
+            assert result.value == 3
+            # And once the loop exists, a run naming asyncio finds the same loop.
+            assert ok(await host.run_code("await asyncio.gather(add(1, 1), add(2, 2))")) == [2, 4]
+
+
 async def test_a_call_never_awaited_never_runs(proj: Path) -> None:
     async with Host.open(proj) as host:
         result = await host.run_code("a = 1\npending = count()\n'done'")
