@@ -17,7 +17,9 @@ same :class:`~host._wasm.GuestSpec`, a bare environment, only its own pipes, and
 with the host (the server does, and takes its children with it).
 
 When the server cannot serve (it died, or failed to fork), :func:`spawn` raises
-:class:`ForkUnavailable` and the caller starts the guest as a child of its own.
+:class:`ForkUnavailable` and the caller starts the guest as a child of its own. Setting
+``TOOLHOST_FORKSERVER=0`` in the host's environment does that for every guest (to compare,
+or to rule the server out).
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ import anyio.abc
 from . import _wasm
 from ._process import protect_host
 
-__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn"]
+__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn", "wanted"]
+
+_SWITCH = "TOOLHOST_FORKSERVER"
+
+
+def wanted() -> bool:
+    """Whether new guests come from the fork server (unless ``TOOLHOST_FORKSERVER=0``)."""
+    return os.environ.get(_SWITCH, "1") != "0"
 
 
 class ForkUnavailable(Exception):
@@ -266,8 +275,10 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
     as :func:`host._wasm.spawn_guest` does.
 
     Raises:
-        ForkUnavailable: the server could not; nothing was started.
+        ForkUnavailable: the server could not, or is switched off; nothing was started.
     """
+    if not wanted():
+        raise ForkUnavailable(f"{_SWITCH}=0")
     child_in, host_out = os.pipe()
     host_in, child_out = os.pipe()
     err_read, err_write = os.pipe()

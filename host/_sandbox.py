@@ -331,14 +331,15 @@ class CodeSandbox:
             )
             if self._closed:
                 raise OSError("the session is closing")
-            if self._lease is None:
-                self._lease = _forkserver.Lease(prepared.cwasm)
-            try:
-                return await _forkserver.spawn(self._lease, spec)
-            except _forkserver.ForkUnavailable as exc:
-                if self._closed:
-                    raise OSError("the session is closing") from None
-                logger.warning("starting the sandbox without the fork server: %s", exc)
+            if _forkserver.wanted():
+                if self._lease is None:
+                    self._lease = _forkserver.Lease(prepared.cwasm)
+                try:
+                    return await _forkserver.spawn(self._lease, spec)
+                except _forkserver.ForkUnavailable as exc:
+                    if self._closed:
+                        raise OSError("the session is closing") from None
+                    logger.warning("starting the sandbox without the fork server: %s", exc)
             return await _wasm.spawn_guest(spec)
         return await self._spawn_subprocess()
 

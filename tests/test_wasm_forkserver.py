@@ -217,6 +217,43 @@ async def test_a_closed_host_leaves_no_server_or_guest(tmp_path: Path) -> None:
     assert not [p for p in psutil.Process().children(recursive=True) if "zygote" in p.cmdline()]
 
 
+def _calc_project(root: Path) -> Path:
+    (root / "tools").mkdir()
+    (root / "tools" / "calc.py").write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    (root / "policy.toml").write_text('version = 1\n[defaults]\nagent = "allow"\n')
+    return root
+
+
+def _servers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if "zygote" in p.cmdline()]
+
+
+async def test_a_dead_server_is_replaced_and_the_session_goes_on(tmp_path: Path) -> None:
+    async with Host.open(_calc_project(tmp_path)) as host:
+        assert (await host.run_code("x = await add(1, 2)\nx")).value == 3
+        (server,) = _servers()
+        guests = server.children()
+        assert guests
+        server.kill()
+        await wait_gone([server.pid, *(g.pid for g in guests)])  # they die with it
+        result = await host.run_code("await add(2, 2)")
+        assert result.value == 4
+        assert any("variables and imports of earlier runs were lost" in w for w in result.warnings)
+        (again,) = _servers()
+        assert again.pid != server.pid
+
+
+async def test_switched_off_guests_are_children_of_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLHOST_FORKSERVER", "0")
+    async with Host.open(_calc_project(tmp_path)) as host:
+        assert (await host.run_code("await add(1, 2)")).value == 3
+        assert not _servers()
+        children = [" ".join(p.cmdline()) for p in psutil.Process().children()]
+        assert any("_wasm_child.py run" in c for c in children), children
+
+
 _HOST_SCRIPT = textwrap.dedent(
     """
     import sys
