@@ -96,25 +96,31 @@ def _render(path: _Path) -> str:
     return cast(str, node) + "".join(f"[{key!r}]" for key in reversed(keys))
 
 
-def _plain_scalar(value: object) -> bool:
-    cls = type(value)
+def _plain_scalar(value: Any) -> bool:
+    cls = type(value)  # pyright: ignore[reportUnknownVariableType]
     return (
         cls is str
         or cls is float
         or cls is bool
         or value is None
         or cls is bytes
-        or (cls is int and _INT_MIN <= cast(int, value) <= _INT_MAX)
+        or (cls is int and _INT_MIN <= value <= _INT_MAX)
     )
 
 
 def to_plain(value: Any, path: str = "result") -> Any:
-    """Return ``value`` as plain data, or raise :class:`NotPlainData`."""
-    cls = cast("type[Any]", type(value))  # _plain_scalar, inlined: every result passes here
+    """Return ``value`` as plain data, or raise :class:`NotPlainData`.
+
+    A list or dict that already holds only plain data is returned as it is, not copied
+    (callers encode the result at once).
+    """
+    cls: type[Any] = type(value)  # pyright: ignore[reportUnknownVariableType]  # _plain_scalar, inlined
     if cls is str or cls is float or cls is bool or value is None or cls is bytes:
         return value
     if cls is int and _INT_MIN <= value <= _INT_MAX:
         return value
+    if (cls is dict or cls is list) and _is_plain(value, 0):
+        return value  # already plain data (most results): no copy
     root: list[Any] = [None]
     stack: list[_Task] = [(value, root, 0, path, 0)]
     active: set[int] = set()  # ids of the containers being walked: a repeat is a cycle
@@ -127,6 +133,46 @@ def to_plain(value: Any, path: str = "result") -> Any:
     return root[0]
 
 
+_PLAIN_DEPTH: Final = 32
+"""Nesting the fast check looks through; deeper values (and cycles) take the full walk."""
+
+
+def _is_plain(value: Any, depth: int) -> bool:
+    """Whether ``value``, an exact list or dict, holds only plain data as it is.
+
+    Only exact built-in types are looked at (``type(x) is ...``), so no user code runs; a
+    value that is not plain here (a tuple, a subclass, a big int, a cycle, deep nesting)
+    is converted, or refused with its path, by the full walk.
+    """
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if type(value) is dict:
+        mapping: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        for key, item in mapping.items():
+            if type(key) is not str:
+                return False
+            cls = type(item)  # pyright: ignore[reportUnknownVariableType]
+            if cls is str or cls is float or cls is bool or item is None or cls is bytes:
+                continue
+            if cls is int:
+                if not _INT_MIN <= item <= _INT_MAX:
+                    return False
+            elif not ((cls is dict or cls is list) and _is_plain(item, depth + 1)):
+                return False
+        return True
+    items: list[Any] = value
+    for item in items:
+        cls = type(item)  # pyright: ignore[reportUnknownVariableType]
+        if cls is str or cls is float or cls is bool or item is None or cls is bytes:
+            continue
+        if cls is int:
+            if not _INT_MIN <= item <= _INT_MAX:
+                return False
+        elif not ((cls is dict or cls is list) and _is_plain(item, depth + 1)):
+            return False
+    return True
+
+
 _Task = tuple[Any, Any, Any, _Path, int]
 """(value, container to store its plain form in, key there, path, depth)."""
 
@@ -136,7 +182,7 @@ _LEAVE: Final = object()
 
 def _convert_one(task: _Task, stack: list[_Task], active: set[int]) -> None:
     value, parent, key, path, depth = task
-    cls = cast("type[Any]", type(value))
+    cls: type[Any] = type(value)  # pyright: ignore[reportUnknownVariableType]
     # Fast path: exact plain scalars.
     if cls is str or cls is float or cls is bool or value is None or cls is bytes:
         parent[key] = value

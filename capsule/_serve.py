@@ -17,8 +17,8 @@ import os
 import queue
 import sys
 import types
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 from . import _registry
 from ._convert import NotPlainData, to_plain
@@ -289,7 +289,8 @@ class Capsule:
                 self._dispatch(decode(body))
         finally:
             self._batch = False
-            self._flush()
+            if self._outbox:
+                self._flush()
 
     def _dispatch_all(self, bodies: list[bytes]) -> None:
         """Dispatch the frames of one read; their replies made meanwhile go out together."""
@@ -299,7 +300,8 @@ class Capsule:
                 self._dispatch(decode(body))
         finally:
             self._batch = False
-            self._flush()
+            if self._outbox:
+                self._flush()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("k")
@@ -419,7 +421,7 @@ class Capsule:
             try:
                 result = target.fn(*args, **kwargs)
                 if type(result) is types.CoroutineType or inspect.isawaitable(result):
-                    result = await cast("Awaitable[Any]", result)
+                    result = await result  # pyright: ignore[reportGeneralTypeIssues, reportUnknownVariableType]
                 body = self._pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
                 if len(body) > _CHECKED:
                     body = self._checked(call_id, body)

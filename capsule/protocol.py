@@ -271,6 +271,10 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the bodies of every frame now complete, in order."""
         buf = self._buf
+        if not buf and len(data) > 4:  # the usual case: one whole frame, nothing held
+            (size,) = HEADER.unpack_from(data)
+            if size + 4 == len(data) and size <= self.max_frame:
+                return [data[4:]]
         buf += data
         out: list[bytes] = []
         start = 0

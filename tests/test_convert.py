@@ -87,6 +87,21 @@ def test_plain_data_passes_unchanged() -> None:
     assert math.isnan(to_plain(math.nan))
 
 
+def test_plain_containers_are_returned_as_they_are_and_the_rest_still_walked() -> None:
+    flat = {"id": "t1", "n": 2**64 - 1, "f": 0.5, "ok": True, "b": b"x", "no": None}
+    nested = {"rows": [flat, [1, [2, {"x": []}]]], "deep": nest(20)}
+    assert to_plain(flat) is flat
+    assert to_plain(nested) is nested
+    assert to_plain(nest(40)) == nest(40)  # past the fast check's depth: walked, copied
+    mixed: dict[str, Any] = {"a": [1, {"b": (2, 3)}]}
+    assert to_plain(mixed) == {"a": [1, {"b": [2, 3]}]}
+    assert refused({"a": [{"b": 2**64}]}).path == "result['a'][0]['b']"
+    assert refused({"a": [{1: 2}]}).path == "result['a'][0][1]"
+    loop: list[Any] = [1]
+    loop.append({"again": loop})
+    assert refused({"x": loop}).why == "it contains itself"
+
+
 def test_dataclasses_become_dicts_of_their_fields() -> None:
     box = Box(Point(1, 2, tags=["a"]), (3, 4))
     assert to_plain(box) == {
@@ -185,7 +200,9 @@ def test_shared_references_are_not_cycles() -> None:
     shared = [1, {"a": 2}]
     out = to_plain({"one": shared, "two": shared, "list": [shared, shared]})
     assert out == {"one": shared, "two": shared, "list": [shared, shared]}
-    assert out["one"] is not shared  # a copy
+    walked = to_plain({"one": shared, "two": shared, "list": [shared, shared], "t": (1,)})
+    assert walked == {"one": shared, "two": shared, "list": [shared, shared], "t": [1]}
+    assert walked["one"] is not shared  # the full walk copies
 
 
 def test_converted_values_always_cross_the_wire() -> None:
