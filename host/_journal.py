@@ -169,8 +169,10 @@ class Journal:
             with contextlib.suppress(OSError):
                 path.unlink()
             raise
-        if self._sync_dirs:
+        if self._sync_dirs:  # power-cut safety: the new name, and the old segment's tail
             _fsync_dir(self.folder)
+            if self._map is not None:
+                self._map.flush()  # a sync already waiting would flush the new mapping
         self._close_map()
         self._map, self._fd, self._offset, self._size, self.path = mapping, fd, 0, size, path
 
