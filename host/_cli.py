@@ -38,19 +38,18 @@ class UsageError(Exception):
     """Bad usage: exit status 2."""
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain data -> JSON: bytes become ``{"$bytes": base64}``."""
+def _bytes_as_json(value: object) -> Any:
+    """For ``json.dumps``: bytes become ``{"$bytes": base64}``."""
     if isinstance(value, bytes):
         return {"$bytes": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]  # pyright: ignore[reportUnknownVariableType]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
-    return value
+    raise TypeError(f"{type(value).__name__} is not plain data")
 
 
 def _dumps(value: Any, *, pretty: bool = False) -> str:
-    return json.dumps(_jsonable(value), ensure_ascii=False, indent=2 if pretty else None)
+    # json's own walk, not a recursive copy first: a result may be nested 512 deep (the
+    # wire's cap), which a Python recursion of two frames per level cannot reach.
+    indent = 2 if pretty else None
+    return json.dumps(value, ensure_ascii=False, indent=indent, default=_bytes_as_json)
 
 
 def _argument(text: str) -> Any:

@@ -81,3 +81,11 @@ async def test_a_recursive_type_with_a_deep_argument_is_invalid_arguments(
         for depth in (300, MAX_DEPTH):  # binding lets MAX_DEPTH through; jsonschema recurses
             with pytest.raises(InvalidArguments, match="nested too deeply"):
                 await host.call("depth", nest(depth))
+
+
+def test_the_command_line_prints_a_result_as_deep_as_the_wire_allows() -> None:
+    from host._cli import _dumps  # pyright: ignore[reportPrivateUsage]
+
+    deepest = {"v": nest(MAX_DEPTH - 1), "b": b"\x00"}
+    assert '{"$bytes": "AA=="}' in _dumps(deepest)
+    assert _dumps(deepest, pretty=True).count("[") == MAX_DEPTH - 1
