@@ -353,6 +353,7 @@ async def test_console_frames_become_events() -> None:
 
 # -- breaches of the wire rules ------------------------------------------------------------
 
+
 def nest(depth: int) -> Any:
     value: Any = None
     for _ in range(depth):
