@@ -315,14 +315,13 @@ class Capsule:
                 self._submit((call_id, target, msg["args"]))
                 return
             assert self._loop is not None
-            # The task's first step runs at once (3.12+: asyncio does it; 3.11: _step_now),
-            # so a tool that does not wait is answered in this turn of the loop.
+            # The task's first step runs at once, so a tool that does not wait is answered
+            # in this turn of the loop, without another select call and its bookkeeping.
+            # On 3.12+ asyncio does it (eager_start). On 3.11 asyncio.Task schedules that
+            # step with call_soon, which appends it to the loop's ready queue: the handle
+            # is taken back and run here, inside the task as usual (current_task(), its
+            # own context, cancellation).
             task = asyncio.Task(self._run(call_id, target, msg["args"]), loop=self._loop, **_EAGER)
-            # asyncio.Task schedules its first step with call_soon, which appends it to the
-            # loop's ready queue: that handle is taken back and run now, inside the task as
-            # usual (current_task(), its context, cancellation), as 3.12's eager start
-            # does, so a tool that does not wait is answered without another turn of the
-            # loop (a select call and its bookkeeping).
             ready = self._ready
             if ready:
                 handle = ready[-1]
