@@ -451,6 +451,7 @@ class Ingester:
         self.done: tuple[int, int] = (0, 0)
         """Everything before this (segment, byte) is in the database."""
         self._stopping = False
+        self._restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._spawn()
 
@@ -477,6 +478,7 @@ class Ingester:
                     _, number, offset = line.split()
                     self.done = (int(number), int(offset))
                     self.error = None
+                    self._restarts = 0
                 elif line.startswith("error "):
                     self.error = line[6:]
                 self._cond.notify_all()
@@ -492,11 +494,16 @@ class Ingester:
             self.error = f"the audit writer stopped (exit code {code}); starting it again"
             self._cond.notify_all()
         logger.warning("%s", self.error)
-        time.sleep(0.2)
+        self._restarts += 1  # quickly at first, then at most every 5 s
         with self._cond:
+            self._cond.wait_for(lambda: self._stopping, min(5.0, 0.1 * 2**self._restarts))
             if self._stopping:
                 return
-        self._spawn()
+        try:
+            self._spawn()
+        except OSError as exc:
+            with self._cond:
+                self.error = f"the audit writer cannot be started again: {exc}"
 
     def _send(self, command: bytes) -> None:
         proc = self._proc
@@ -525,6 +532,7 @@ class Ingester:
         """Tell the writer the journal is complete; True if it wrote everything and ended."""
         with self._cond:
             self._stopping = True
+            self._cond.notify_all()
         proc = self._proc
         if proc is None:
             return True

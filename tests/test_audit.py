@@ -381,3 +381,40 @@ async def test_the_audit_writer_holds_none_of_the_hosts_environment(probe: Probe
         assert len(writers) == 1
         environ = writers[0].environ()
     assert "AUDIT_SECRET" not in environ and os.environ["AUDIT_SECRET"] not in str(environ)
+
+
+async def test_a_killed_audit_writer_is_started_again_and_nothing_is_lost(probe: Probe) -> None:
+    import psutil
+
+    def writers() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.Process().children()
+            if any(part.endswith("_journal.py") for part in p.cmdline())
+        ]
+
+    async with probe.open() as host:
+        assert await host.call("echo", "one") == "one"
+        (first,) = writers()
+        first.kill()
+        first.wait(10)
+        ran = 0
+        with anyio.fail_after(30):  # refused while it is gone, then served again
+            while True:
+                try:
+                    await host.call("echo", "two")
+                    ran += 1
+                except PolicyDenied as exc:
+                    assert exc.rule == "audit_unavailable"
+                if ran and writers() and writers()[0].pid != first.pid:
+                    break
+                await anyio.sleep(0.02)
+        assert isinstance(host.store, SQLiteStore)
+        await host.store.flush()
+    conn = sqlite3.connect(probe.db)
+    try:
+        summaries = [r[0] for r in conn.execute("SELECT args_summary FROM audit")]
+    finally:
+        conn.close()
+    assert any("one" in (s or "") for s in summaries)
+    assert sum("two" in (s or "") for s in summaries) >= ran
