@@ -6,6 +6,7 @@ Each refusal is a typed error, is audited, and runs nothing: the desk's marker f
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -327,6 +328,51 @@ async def test_a_new_policy_file_is_picked_up(desk: Callable[..., Desk]) -> None
         assert info.value.rule == "policies/lockdown.toml:2"
         extra.unlink()
         assert await host.call("read") == "read"
+
+
+_DENY_READ = policy('[[rules]]\nid = "shut"\ntools = ["read"]\ndecision = "deny"\n')
+
+
+async def test_an_edit_by_atomic_rename_is_seen_by_the_next_call(
+    desk: Callable[..., Desk],
+) -> None:
+    d = desk(policy=policy("", app="allow"))
+    async with d.open() as host:
+        assert await host.call("read") == "read"
+        temp = d.root / "policy.toml.new"
+        temp.write_text(textwrap.dedent(_DENY_READ), encoding="utf-8")
+        os.replace(temp, d.root / "policy.toml")  # how editors and deploy tools write
+        with pytest.raises(PolicyDenied):
+            await host.call("read")
+
+
+async def test_a_symlinked_policy_follows_its_target(
+    desk: Callable[..., Desk], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    d = desk(policy=policy("", app="allow"))
+    target = tmp_path_factory.mktemp("shared") / "policy.toml"
+    target.write_text((d.root / "policy.toml").read_text())
+    (d.root / "policy.toml").unlink()
+    (d.root / "policy.toml").symlink_to(target)
+    async with d.open() as host:
+        assert await host.call("read") == "read"
+        target.write_text(textwrap.dedent(_DENY_READ), encoding="utf-8")  # outside the project
+        with pytest.raises(PolicyDenied):
+            await host.call("read")
+
+
+async def test_without_inotify_every_call_checks_the_files(
+    desk: Callable[..., Desk], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import host._policy
+
+    monkeypatch.setattr(host._policy, "open_watch", lambda paths: None)
+    d = desk(policy=policy("", app="allow"))
+    async with d.open() as opened:
+        assert await opened.call("read") == "read"
+        d.write_policy(_DENY_READ)
+        with pytest.raises(PolicyDenied):
+            await opened.call("read")
 
 
 async def test_a_policy_given_to_open_is_not_reloaded(desk: Callable[..., Desk]) -> None:
