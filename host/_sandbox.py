@@ -324,8 +324,8 @@ class CodeSandbox:
             prepared = await _wasm.prepare()
             spec = _wasm.GuestSpec(
                 cwasm=prepared.cwasm,
-                argv=_wasm.guest_argv(_GUEST_MAIN),
-                env={"MSGPACK_PUREPYTHON": "1"},
+                argv=_wasm.boot_argv(_GUEST_MAIN),
+                env={"MSGPACK_PUREPYTHON": "1", **_wasm.BOOT_ENV},
                 preopens=[_wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False)],
                 memory=self._limits.code_memory,
             )

@@ -250,6 +250,21 @@ async def test_asyncio_reached_without_its_name_right_after_boot(proj: Path) -> 
             assert ok(await host.run_code("await asyncio.gather(add(1, 1), add(2, 2))")) == [2, 4]
 
 
+async def test_the_guest_starts_without_the_runtimes_zip(proj: Path) -> None:
+    """What the guest imports while starting comes from the library's copy of it, not
+    the runtime's standard library zip (whose directory is slow to read); the rest of the
+    standard library is still there."""
+    async with Host.open(proj) as host:
+        code = "import encodings, __future__\n[encodings.__file__, __future__.__file__]"
+        files = ok(await host.run_code(code))
+        assert all(f.startswith("/toolhost/stdlib/") for f in files), files
+        code = "import json, encodings.latin_1\n[json.__file__, 'é'.encode('latin-1')]"
+        assert ok(await host.run_code(code)) == [
+            "/usr/local/lib/python312.zip/json/__init__.pyc",
+            b"\xe9",
+        ]
+
+
 async def test_a_call_never_awaited_never_runs(proj: Path) -> None:
     async with Host.open(proj) as host:
         result = await host.run_code("a = 1\npending = count()\n'done'")
