@@ -11,7 +11,9 @@
   minutes). Each guest runs as toolhost runs it: one child process, inherited pipes.
 * **targets** (issue 5), through the public API with the Wasm sandbox: a warm ``run_code``
   making one tool call; a new sandbox ready (``reset_code`` then a trivial run at once: the
-  whole boot) with the module cache warm; a mediated tool call from inside the sandbox
+  whole boot) with the module cache warm, from the fork server and, side by side, as a
+  child of the host (``TOOLHOST_FORKSERVER=0``), and a new session's first run; a mediated
+  tool call from inside the sandbox
   against the same call made by the app. Calls from code the guest steps by hand (plain
   ``await``) and from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed
   apart.
@@ -307,7 +309,9 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
         store = SQLiteStore(root / ".agent" / "state.db", durability="process")
         limits = {"code_max_calls": batch + 1}
         async with Host.open(root, limits=limits, store=store) as host:
+            t = time.perf_counter()
             await host.run_code("await add(1, 2)")
+            first = time.perf_counter() - t  # the fork server starts here too
             warm: list[float] = []
             app: list[float] = []
             inside: list[float] = []
@@ -329,13 +333,25 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
                     warm.append(time.perf_counter() - t)
                     assert result.ok and result.value == 3, result
             fresh: list[float] = []
+            spawned: list[float] = []
+            sessions: list[float] = []
             paused: list[float] = []
             for _ in range(5):
-                await host.reset_code()
-                t = time.perf_counter()
-                result = await host.run_code("1")
-                fresh.append(time.perf_counter() - t)
-                assert result.ok
+                # Interleaved: from the fork server, then as a child of the host (as before
+                # the fork server; TOOLHOST_FORKSERVER=0), then a new session's first run.
+                for times, switch in ((fresh, "1"), (spawned, "0")):
+                    os.environ["TOOLHOST_FORKSERVER"] = switch
+                    await host.reset_code()
+                    t = time.perf_counter()
+                    result = await host.run_code("1")
+                    times.append(time.perf_counter() - t)
+                    assert result.ok
+                os.environ.pop("TOOLHOST_FORKSERVER")
+                async with host.session() as session:
+                    t = time.perf_counter()
+                    result = await session.run_code("1")
+                    sessions.append(time.perf_counter() - t)
+                    assert result.ok
                 # The replacement boots in the background from reset_code on: after the
                 # pause an agent takes to think, the next run finds it ready.
                 await host.reset_code()
@@ -350,6 +366,9 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
     return {
         "warm_run_code_one_call_ms": statistics.median(warm) * 1000,
         "new_sandbox_ready_ms": statistics.median(fresh) * 1000,
+        "new_sandbox_ready_no_forkserver_ms": statistics.median(spawned) * 1000,
+        "new_session_first_run_ms": statistics.median(sessions) * 1000,
+        "host_first_run_ms": first * 1000,
         "run_after_reset_and_pause_ms": statistics.median(paused) * 1000,
         "app_call_us": app_us,
         "sandbox_call_us": inside_us,
@@ -418,6 +437,18 @@ def main(argv: list[str] | None = None) -> int:
             value = targets[key]
             verdict = "ok" if value < goal else "MISSED"
             print(f"{label:34} {value:8.2f} {unit}  (target < {goal:g} {unit}: {verdict})")
+        print(
+            f"{'the same, without the fork server':34} "
+            f"{targets['new_sandbox_ready_no_forkserver_ms']:8.2f} ms  (TOOLHOST_FORKSERVER=0)"
+        )
+        print(
+            f"{'a new session: its first run':34} "
+            f"{targets['new_session_first_run_ms']:8.2f} ms  (setup, boot and the run)"
+        )
+        print(
+            f"{'the host first run_code':34} "
+            f"{targets['host_first_run_ms']:8.2f} ms  (once: also starts the fork server)"
+        )
         print(
             f"{'first run 2 s after reset_code':34} "
             f"{targets['run_after_reset_and_pause_ms']:8.2f} ms  (the spare booted meanwhile)"
