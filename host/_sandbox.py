@@ -1,7 +1,8 @@
 """Agent code in a sandbox: ``session.run_code(source)`` -> :class:`CodeResult`.
 
 Each session has one code sandbox, started on its first run: a Wasm guest (CPython-WASI
-under wasmtime, one child process per guest) or, when ``[capsules] code = "subprocess"``,
+under wasmtime, one process per guest, forked by the host's fork server while any
+sandbox holds a lease on it: ``host/_forkserver.py``) or, when ``[capsules] code = "subprocess"``,
 the weaker fallback, a CPython child with rlimits. The guest (``capsule._guest``) runs the
 code with every tool as an awaitable global; each tool call arrives here as a ``use`` frame
 and is made as caller ``agent`` through the session's full mediator. The host decides

@@ -1,10 +1,11 @@
 """The Wasm runtime behind one small interface: which CPython-WASI build runs guests, the
 engine settings, the private compiled-module cache, and running one contained guest.
 
-Everything that touches wasmtime runs in a child process (``python -m host._wasm_child``),
+Everything that touches wasmtime runs in a child process (``host/_wasm_child.py``),
 never in the host: :func:`prepare` compiles the runtime once into a private cache, and
 :func:`spawn_guest` starts one child per guest with the protocol pipes as the guest's
-stdin and stdout. A stuck guest is ended by killing its process.
+stdin and stdout (code sandboxes get theirs forked from a server that has the module
+loaded already: ``host/_forkserver.py``). A stuck guest is ended by killing its process.
 
 Containment is explicit every time (:func:`run_guest`): the guest gets exactly the argv
 and environment given, never the child's; only the preopens named, each read-only unless
