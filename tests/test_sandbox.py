@@ -258,6 +258,20 @@ async def test_the_guest_starts_without_the_runtimes_zip(proj: Path) -> None:
         code = "import encodings, __future__\n[encodings.__file__, __future__.__file__]"
         files = ok(await host.run_code(code))
         assert all(f.startswith("/toolhost/stdlib/") for f in files), files
+        # Not -I (PYTHONPATH must count), but no site, no user site, no unsafe path, and
+        # an environment of the host's making only.
+        code = (
+            "import sys, os\n"
+            "f = sys.flags\n"
+            "[f.no_site, f.no_user_site, f.safe_path, 'site' in sys.modules, sorted(os.environ)]"
+        )
+        assert ok(await host.run_code(code)) == [
+            1,
+            1,
+            True,
+            False,
+            ["MSGPACK_PUREPYTHON", "PYTHONPATH"],
+        ]
         code = "import json, encodings.latin_1\n[json.__file__, 'é'.encode('latin-1')]"
         assert ok(await host.run_code(code)) == [
             "/usr/local/lib/python312.zip/json/__init__.pyc",
