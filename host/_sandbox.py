@@ -333,11 +333,11 @@ class CodeSandbox:
             if self._closed:
                 raise OSError("the session is closing")
             if _forkserver.wanted():
-                if self._lease is None:
-                    self._lease = _forkserver.Lease(prepared.cwasm)
                 try:
+                    if self._lease is None:
+                        self._lease = _forkserver.Lease(prepared.cwasm)
                     return await _forkserver.spawn(self._lease, spec)
-                except _forkserver.ForkUnavailable as exc:
+                except (_forkserver.ForkUnavailable, OSError) as exc:  # OSError: no server
                     if self._closed:
                         raise OSError("the session is closing") from None
                     logger.warning("starting the sandbox without the fork server: %s", exc)
