@@ -615,15 +615,16 @@ class CodeSandbox:
                     )
                     guest.kill("too many tool calls")
                     break
-                scope = anyio.CancelScope()
-                run.scopes[call_id] = scope
                 run.inflight += 1
                 if msg.get("wait") is True and run.inflight == 1:
                     # The guest waits for this answer and sends nothing until then (it
                     # says so; if it does not, only its own later frames wait): made
-                    # here, with no task to start.
-                    await self._tool_call(guest, run, scope, call_id, tool, args, kwargs)
+                    # here, with no task to start, and no scope of its own (no ``drop``
+                    # can be read while this loop itself awaits the call).
+                    await self._tool_call(guest, run, None, call_id, tool, args, kwargs)
                 else:
+                    scope = anyio.CancelScope()
+                    run.scopes[call_id] = scope
                     tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
             elif kind == p.K_DROP:
                 scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
@@ -674,38 +675,36 @@ class CodeSandbox:
         self,
         guest: _Guest,
         run: _Run,
-        scope: anyio.CancelScope,
+        scope: anyio.CancelScope | None,
         call_id: int,
         tool: str,
         args: list[Any],
         kwargs: dict[str, Any],
     ) -> None:
+        """Make one call and answer it; ``scope`` (a call made on a task) lets a ``drop``
+        cancel it. A cancelled call gets no answer."""
         try:
             name = self._canonical(tool)
         except HostError:
             name = tool
-        failure: HostError | None = None
-        reply: dict[str, Any] | None = None
         decided: list[str] = []
+        made: list[tuple[dict[str, Any], HostError | None]] = []
         token = _DECISIONS.set(decided)
-        with scope:
-            try:
-                value = await self._call(tool, tuple(args), kwargs)
-                reply = {"k": p.K_OK, "id": call_id, "value": value}
-            except HostError as exc:
-                failure = exc
-                reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(exc)}
-            except Exception as exc:  # a host bug: the code gets an error, the log the detail
-                logger.exception("tool call %s from agent code failed inside the host", tool)
-                failure = HostError(f"the host failed to run {tool}: {type(exc).__name__}")
-                reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
-            finally:
-                _DECISIONS.reset(token)
-                run.inflight -= 1
+        try:
+            if scope is None:
+                await self._make_call(made, call_id, tool, args, kwargs)
+            else:
+                with scope:
+                    await self._make_call(made, call_id, tool, args, kwargs)
+        finally:
+            _DECISIONS.reset(token)
+            run.inflight -= 1
+            if scope is not None:
                 run.scopes.pop(call_id, None)
-        if reply is None:  # the code stopped waiting (drop): nothing to answer
+        if not made:  # the code stopped waiting (drop): nothing to answer
             run.calls.append(CodeCall(tool=name, decision=None, ok=False, error="cancelled"))
             return
+        reply, failure = made[0]
         run.calls.append(
             CodeCall(
                 tool=name,
@@ -716,6 +715,27 @@ class CodeSandbox:
         )
         with contextlib.suppress(_Dead):
             await guest.send(reply)
+
+    async def _make_call(
+        self,
+        made: list[tuple[dict[str, Any], HostError | None]],
+        call_id: int,
+        tool: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """The call through the mediator; appends (the answer, the failure) to ``made``."""
+        try:
+            value = await self._call(tool, tuple(args), kwargs)
+            made.append(({"k": p.K_OK, "id": call_id, "value": value}, None))
+        except HostError as exc:
+            made.append(({"k": p.K_ERR, "id": call_id, "error": _error_for_guest(exc)}, exc))
+        except Exception as exc:  # a host bug: the code gets an error, the log the detail
+            logger.exception("tool call %s from agent code failed inside the host", tool)
+            failure = HostError(f"the host failed to run {tool}: {type(exc).__name__}")
+            made.append(
+                ({"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}, failure)
+            )
 
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
