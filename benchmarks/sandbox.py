@@ -18,6 +18,10 @@
   ``await``) and from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed
   apart.
 
+``--stdio`` only times echo round trips through a guest's stdio, side by side: a plain
+Python child, the runtime with wasmtime's inherited stdio (as toolhost runs it) and with
+the same pipes opened as files, the parent waiting in ``read`` or on an event loop.
+
 Medians on a noisy shared machine: compare ratios, not absolutes. Never run by pytest.
 """
 
@@ -271,6 +275,106 @@ def candidates(cache: Path) -> list[Candidate]:
     return found
 
 
+# -- the guest's stdio ---------------------------------------------------------------------
+
+STDIO_ECHO = (
+    "import os\nwhile True:\n    b = os.read(0, 65536)\n    if not b: break\n    os.write(1, b)\n"
+)
+
+
+def echo_child(mode: str) -> int:
+    """An echo loop on this process's fds 0 and 1 (the ``echo`` sub-command): plain Python
+    (``native``), or the sandbox's runtime with wasmtime's inherited stdio (``inherit``,
+    as toolhost runs guests) or with the same pipes opened as files (``files``)."""
+    if mode == "native":
+        while data := os.read(0, 65536):
+            os.write(1, data)
+        return 0
+    import wasmtime
+
+    prepared = _wasm.prepare_blocking()
+    engine, module, linker = _wasm.load(prepared.cwasm)
+    store = wasmtime.Store(engine)
+    wasi = wasmtime.WasiConfig()
+    wasi.argv = _wasm.boot_argv(STDIO_ECHO)
+    wasi.env = sorted(_wasm.BOOT_ENV.items())
+    if mode == "inherit":
+        wasi.inherit_stdin()
+        wasi.inherit_stdout()
+    else:  # wasmtime reads a file on its blocking pool, stdin on a worker thread
+        wasi.stdin_file = f"/proc/{os.getpid()}/fd/0"
+        wasi.stdout_file = f"/proc/{os.getpid()}/fd/1"
+    wasi.inherit_stderr()
+    wasi.preopen_dir(prepared.lib, _wasm.LIB_GUEST, False)
+    store.set_wasi(wasi)
+    start = linker.instantiate(store, module).exports(store)["_start"]
+    try:
+        start(store)  # pyright: ignore
+    except wasmtime.ExitTrap as exc:
+        return exc.code
+    return 0
+
+
+def _echo_trips(mode: str, wait: str, calls: int) -> float:
+    """Median round trip of a 40-byte message through ``echo_child(mode)``, the parent
+    waiting in a blocking ``read`` or on an event loop (``anyio.wait_readable``)."""
+    import anyio
+
+    command = [sys.executable, "-m", "benchmarks.sandbox", "echo", mode]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=_ROOT)
+    assert proc.stdin is not None and proc.stdout is not None
+    w, r = proc.stdin.fileno(), proc.stdout.fileno()
+    message = b"x" * 40
+    os.write(w, message)
+    os.read(r, 4096)  # booted
+    trips: list[float] = []
+
+    async def looped() -> None:
+        for _ in range(calls):
+            t = time.perf_counter()
+            os.write(w, message)
+            while True:
+                try:
+                    os.read(r, 4096)
+                    break
+                except BlockingIOError:
+                    await anyio.wait_readable(r)
+            trips.append(time.perf_counter() - t)
+
+    if wait == "read":
+        for _ in range(calls):
+            t = time.perf_counter()
+            os.write(w, message)
+            os.read(r, 4096)
+            trips.append(time.perf_counter() - t)
+    else:
+        os.set_blocking(r, False)
+        anyio.run(looped, backend=wait)
+    proc.stdin.close()
+    proc.wait()
+    return statistics.median(trips) * 1e6
+
+
+STDIO_CASES = {
+    "native_read": ("native", "read"),
+    "inherit_read": ("inherit", "read"),
+    "files_read": ("files", "read"),
+    "native_asyncio": ("native", "asyncio"),
+    "inherit_asyncio": ("inherit", "asyncio"),
+    "inherit_trio": ("inherit", "trio"),
+}
+"""Echo round trips measured by ``--stdio``: (the child, how the parent waits)."""
+
+
+def measure_stdio(calls: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Every case of :data:`STDIO_CASES`, interleaved ``rounds`` times."""
+    found: dict[str, list[float]] = {name: [] for name in STDIO_CASES}
+    for _ in range(rounds):
+        for name, (mode, wait) in STDIO_CASES.items():
+            found[name].append(_echo_trips(mode, wait, calls))
+    return found
+
+
 # -- the targets --------------------------------------------------------------------------
 
 TARGET_TOOLS = '''
@@ -399,14 +503,29 @@ def main(argv: list[str] | None = None) -> int:
 
             wasmtime.WasiConfig.preopen_dir = writable  # pyright: ignore
         return child(name, cwasm, lib, extra, code)
+    if args[:1] == ["echo"]:
+        return echo_child(args[1])
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sandbox")
     parser.add_argument("--cold", action="store_true", help="also time compiles without cache")
     parser.add_argument("--no-runtimes", action="store_true")
     parser.add_argument("--no-targets", action="store_true")
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--stdio", action="store_true", help="only echo round trips through the guest's stdio"
+    )
     opts = parser.parse_args(args)
     out: dict[str, Any] = {}
+    if opts.stdio:
+        load = os.getloadavg()[0]
+        found = measure_stdio(max(opts.repeat, 1000))
+        if opts.json:
+            print(json.dumps({"load": [load, os.getloadavg()[0]], "stdio_us": found}, indent=2))
+            return 0
+        for name, values in found.items():
+            print(f"{name:16} " + "  ".join(f"{v:6.1f}" for v in values) + " us")
+        print(f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+        return 0
     if not opts.no_runtimes:
         cache = _wasm.cache_root() / "bench"
         cache.mkdir(parents=True, exist_ok=True, mode=0o700)
