@@ -317,7 +317,8 @@ def echo_child(mode: str) -> int:
 
 def _echo_trips(mode: str, wait: str, calls: int) -> float:
     """Median round trip of a 40-byte message through ``echo_child(mode)``, the parent
-    waiting in a blocking ``read`` or on an event loop (``anyio.wait_readable``)."""
+    waiting in a blocking ``read``, on an event loop (``anyio.wait_readable``), or on
+    asyncio with a reader kept registered (``reader``, as the sandbox waits now)."""
     import anyio
 
     command = [sys.executable, "-m", "benchmarks.sandbox", "echo", mode]
@@ -341,12 +342,39 @@ def _echo_trips(mode: str, wait: str, calls: int) -> float:
                     await anyio.wait_readable(r)
             trips.append(time.perf_counter() - t)
 
+    async def watched() -> None:  # a loop reader waking a bare future, as the sandbox waits
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        waiter: list[asyncio.Future[None]] = []
+
+        def readable() -> None:
+            if waiter and not waiter[0].done():
+                waiter[0].set_result(None)
+
+        loop.add_reader(r, readable)
+        for _ in range(calls):
+            t = time.perf_counter()
+            os.write(w, message)
+            while True:
+                try:
+                    os.read(r, 4096)
+                    break
+                except BlockingIOError:
+                    waiter[:] = [loop.create_future()]
+                    await waiter[0]
+            trips.append(time.perf_counter() - t)
+        loop.remove_reader(r)
+
     if wait == "read":
         for _ in range(calls):
             t = time.perf_counter()
             os.write(w, message)
             os.read(r, 4096)
             trips.append(time.perf_counter() - t)
+    elif wait == "reader":
+        os.set_blocking(r, False)
+        anyio.run(watched)
     else:
         os.set_blocking(r, False)
         anyio.run(looped, backend=wait)
@@ -361,6 +389,7 @@ STDIO_CASES = {
     "files_read": ("files", "read"),
     "native_asyncio": ("native", "asyncio"),
     "inherit_asyncio": ("inherit", "asyncio"),
+    "inherit_reader": ("inherit", "reader"),
     "inherit_trio": ("inherit", "trio"),
 }
 """Echo round trips measured by ``--stdio``: (the child, how the parent waits)."""
