@@ -205,6 +205,8 @@ class _Guest:
             except anyio.ClosedResourceError:
                 return False
             return not self.closed
+        if self._waiter is not None:  # as anyio's wait would: one reader at a time
+            raise anyio.BusyResourceError("reading from")
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiter = waiter
         try:
