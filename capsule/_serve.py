@@ -282,15 +282,7 @@ class Capsule:
             if not self._closed.done():
                 self._closed.set_result(None)
             return
-        bodies = self._decoder.feed(data)
-        self._batch = True  # _dispatch_all, inlined: every call's path
-        try:
-            for body in bodies:
-                self._dispatch(decode(body))
-        finally:
-            self._batch = False
-            if self._outbox:
-                self._flush()
+        self._dispatch_all(self._decoder.feed(data))
 
     def _dispatch_all(self, bodies: list[bytes]) -> None:
         """Dispatch the frames of one read; their replies made meanwhile go out together."""
