@@ -26,6 +26,7 @@ TOOLS = {
     "walk": """
         import os
         import subprocess
+        import time
 
 
         def parent_of(pid: int) -> int:
@@ -45,9 +46,14 @@ TOOLS = {
 
         def child_environ() -> bytes:
             child = subprocess.Popen(["sleep", "30"])
-            try:
-                with open(f"/proc/{child.pid}/environ", "rb") as f:
-                    return f.read()
+            try:  # mid-exec the environment reads empty for a moment: wait for the new image
+                deadline = time.monotonic() + 10
+                while True:
+                    with open(f"/proc/{child.pid}/environ", "rb") as f:
+                        data = f.read()
+                    if data or time.monotonic() > deadline:
+                        return data
+                    time.sleep(0.01)
             finally:
                 child.kill()
                 child.wait()
