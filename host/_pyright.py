@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -244,21 +244,32 @@ _OPEN: Final = "([{"
 _CLOSE: Final = ")]}"
 
 
-def _split(text: str, sep: str = ",") -> list[str]:
-    """Split at ``sep`` outside brackets and quotes."""
-    parts: list[str] = []
-    depth, quote, start = 0, "", 0
-    for i, ch in enumerate(text):
+def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, char, depth)`` for each character from ``start`` outside quotes, ``depth``
+    being how many brackets are open once the character is read."""
+    depth, quote = 0, ""
+    for i in range(start, len(text)):
+        ch = text[i]
         if quote:
             if ch == quote and text[i - 1] != "\\":
                 quote = ""
-        elif ch in "'\"":
+            continue
+        if ch in "'\"":
             quote = ch
-        elif ch in _OPEN:
+            continue
+        if ch in _OPEN:
             depth += 1
         elif ch in _CLOSE:
             depth -= 1
-        elif depth == 0 and text.startswith(sep, i):
+        yield i, ch, depth
+
+
+def _split(text: str, sep: str = ",") -> list[str]:
+    """Split at ``sep`` outside brackets and quotes."""
+    parts: list[str] = []
+    start = 0
+    for i, ch, depth in _unquoted(text):
+        if depth == 0 and ch not in _CLOSE and text.startswith(sep, i):
             parts.append(text[start:i].strip())
             start = i + len(sep)
     tail = text[start:].strip()
@@ -269,20 +280,9 @@ def _split(text: str, sep: str = ",") -> list[str]:
 
 def _closing(text: str, start: int) -> int:
     """The index of the bracket closing the one at ``start``, or -1."""
-    depth, quote = 0, ""
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            if ch == quote and text[i - 1] != "\\":
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                return i
+    for i, ch, depth in _unquoted(text, start):
+        if depth == 0 and ch in _CLOSE:
+            return i
     return -1
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ._scope import FieldDecl, TypeDecl, TypeKind
-from ._typeexpr import Canonical, Declarer, Opaque, canonicalise
+from ._typeexpr import Canonical, Declarer, Opaque, canonicalise, dotted_parts
 from ._typeindex import External, Ref, TypeIndex
 
 __all__ = ["Shapes"]
@@ -25,15 +25,6 @@ _ENUMS: Final = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag", "Rep
 _PYDANTIC: Final = frozenset({"pydantic", "pydantic.main"})
 _DATACLASS_MODULES: Final = frozenset({"dataclasses", "pydantic.dataclasses"})
 _SKIPPED: Final = frozenset({"ClassVar", "InitVar", "KW_ONLY"})
-
-
-def _parts(node: ast.expr) -> list[str] | None:
-    if isinstance(node, ast.Name):
-        return [node.id]
-    if isinstance(node, ast.Attribute):
-        head = _parts(node.value)
-        return None if head is None else [*head, node.attr]
-    return None
 
 
 def _base(node: ast.expr) -> ast.expr:
@@ -56,12 +47,12 @@ class Shapes:
         self._kinds: dict[Ref, TypeKind | Opaque] = {}
 
     def external(self, module: str, node: ast.expr) -> External | None:
-        parts = _parts(node)
+        parts = dotted_parts(node)
         found = self.index.resolve(module, parts) if parts else None
         return found if isinstance(found, External) else None
 
     def ref(self, module: str, node: ast.expr) -> Ref | None:
-        parts = _parts(node)
+        parts = dotted_parts(node)
         found = self.index.resolve(module, parts) if parts else None
         return found if isinstance(found, Ref) else None
 
@@ -255,7 +246,7 @@ class Shapes:
             target = stmt.targets[0]
             if not isinstance(target, ast.Name) or target.id.startswith("_"):
                 continue
-            if isinstance(stmt.value, ast.Call) and _parts(stmt.value.func) in (
+            if isinstance(stmt.value, ast.Call) and dotted_parts(stmt.value.func) in (
                 ["auto"],
                 ["enum", "auto"],
             ):

@@ -109,11 +109,12 @@ _UNKNOWN: Final = (
 )
 
 
-def _parts(node: ast.expr) -> list[str] | None:
+def dotted_parts(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``; ``None`` for anything but names and attributes."""
     if isinstance(node, ast.Name):
         return [node.id]
     if isinstance(node, ast.Attribute):
-        head = _parts(node.value)
+        head = dotted_parts(node.value)
         return None if head is None else [*head, node.attr]
     return None
 
@@ -160,12 +161,12 @@ class _Canon:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
             return _union([self.expr(node.left), self.expr(node.right)])
         if isinstance(node, ast.Subscript):
-            parts = _parts(node.value)
+            parts = dotted_parts(node.value)
             if parts is None:
                 return self.opaque(f"cannot read the type {ast.unparse(node)}")
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             return self.named(parts, elts)
-        parts = _parts(node)
+        parts = dotted_parts(node)
         if parts is None:
             return self.opaque(f"cannot read the type {ast.unparse(node)}")
         return self.named(parts, None)
