@@ -6,11 +6,6 @@ SIGKILLed (each capsule notices its parent is gone and kills its own tree).
 
 from __future__ import annotations
 
-import os
-import select
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -20,7 +15,14 @@ import pytest
 from host import CallError, CapsuleCrashed, Host
 
 from .conftest import ROOT
-from .fixtures.e2e.helpers import LAB, Recorder, alive, capsule_pids, wait_gone, wait_gone_sync
+from .fixtures.e2e.helpers import (
+    LAB,
+    Recorder,
+    alive,
+    capsule_pids,
+    sigkill_host_script,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.subprocess]
 
@@ -110,22 +112,5 @@ _HOST_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_sigkilled_host_leaves_no_process_behind(backend: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOST_SCRIPT, str(LAB), backend],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "the host script did not report its processes"
-        line = proc.stdout.readline().decode()
-        pids = [int(p) for p in line.split()]
-        assert len(pids) >= 4, line  # the two sleeps, the capsule, its worker
-        assert all(alive(p) for p in pids)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, err.decode()
-    wait_gone_sync(pids, timeout=5.0)
+    # the two sleeps, the capsule, its worker
+    sigkill_host_script(_HOST_SCRIPT, [str(LAB), backend], ROOT, least=4)

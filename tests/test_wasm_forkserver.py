@@ -8,10 +8,7 @@ compiled module that ``wasm_prepared`` makes once per test session.
 from __future__ import annotations
 
 import os
-import select
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +20,7 @@ import pytest
 from host import Host, _forkserver, _wasm
 
 from .conftest import ROOT
-from .fixtures.e2e.helpers import alive, wait_gone, wait_gone_sync, wait_until
+from .fixtures.e2e.helpers import sigkill_host_script, wait_gone, wait_until
 from .test_wasm import wasm_prepared
 
 pytestmark = [pytest.mark.anyio, pytest.mark.wasm]
@@ -285,22 +282,5 @@ def test_a_sigkilled_host_leaves_no_server_or_guest_behind(tmp_path: Path) -> No
     (tmp_path / "tools" / "calc.py").write_text(
         "def add(a: int, b: int) -> int:\n    return a + b\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOST_SCRIPT, str(tmp_path), "trio"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "the host script did not report its processes"
-        line = proc.stdout.readline().decode()
-        pids = [int(p) for p in line.split()]
-        assert len(pids) >= 2, line  # the server and the sandbox it forked
-        assert all(alive(p) for p in pids)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, err.decode()
-    wait_gone_sync(pids, timeout=5.0)
+    # the server and the sandbox it forked
+    sigkill_host_script(_HOST_SCRIPT, [str(tmp_path), "trio"], ROOT, least=2)
