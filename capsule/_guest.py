@@ -181,30 +181,12 @@ class _OutputLimit(BaseException):
 # -- tool proxies -----------------------------------------------------------------------
 
 
-def _agent_line() -> int | None:
-    """The line of the agent's code that is making the current call."""
-    frame = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<run "):
-            return frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-class _Use:
-    """What an awaited tool call yields to the run's driver: the request, no more."""
-
-    __slots__ = ("args", "kwargs", "tool")
-
-    def __init__(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.tool = tool
-        self.args = args
-        self.kwargs = kwargs
-
-
 class ToolCall(_CoroutineBase):
     """One tool call, not yet sent. Awaiting it sends it; dropping it unawaited means it
-    never runs (and the run's result says so)."""
+    never runs (and the run's result says so).
+
+    Awaited while the run is driven by hand, it yields itself to the driver (the request:
+    tool, arguments), which makes the call and sends the answer back."""
 
     __slots__ = ("_steps", "args", "awaited", "kwargs", "line", "tool")
 
@@ -212,10 +194,21 @@ class ToolCall(_CoroutineBase):
         self.tool = tool
         self.args = args
         self.kwargs = kwargs
-        self.line = _agent_line()
         self.awaited = False
         self._steps: Generator[Any, None, Any] | None = None
-        _SANDBOX.track(self)
+        # The line of the agent's code making the call (for the never-awaited warning):
+        # usually the caller of ``Tool.__call__``, the first frame looked at. Inline: a
+        # call costs more than the loop in the unoptimised build.
+        try:
+            frame = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
+        except ValueError:
+            frame = None
+        while frame is not None and not frame.f_code.co_filename.startswith("<run "):
+            frame = frame.f_back
+        self.line = None if frame is None else frame.f_lineno
+        calls = _SANDBOX.calls  # the run's calls: the never-awaited ones are reported
+        if len(calls) < 100_000:
+            calls.append(self)
 
     def __repr__(self) -> str:
         state = "awaited" if self.awaited else "not awaited: it has not run"
@@ -228,7 +221,7 @@ class ToolCall(_CoroutineBase):
         if _SANDBOX.loop_mode:  # inside asyncio's loop: wait on a future
             return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
         # Driven by the run itself: the driver makes the call and sends the answer back.
-        return (yield _Use(self.tool, self.args, self.kwargs))
+        return (yield self)
 
     def _gen(self) -> Generator[Any, None, Any]:
         if self._steps is None:
@@ -251,7 +244,7 @@ class ToolCall(_CoroutineBase):
 class _Adopt:
     """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
     the run's coroutine yields (to the task running this), and makes the one pending
-    :class:`_Use` (if the switch happened there) a call through the loop."""
+    :class:`ToolCall` (if the switch happened there) a call through the loop."""
 
     __slots__ = ("_coro", "_pending")
 
@@ -263,7 +256,7 @@ class _Adopt:
         coro, step = self._coro, self._pending
         while True:
             try:
-                if type(step) is _Use:
+                if type(step) is ToolCall:
                     try:
                         use = _SANDBOX.use(step.tool, step.args, step.kwargs)
                         value = yield from use.__await__()
@@ -451,14 +444,25 @@ class _Frames:
     def pending(self) -> bool:
         return bool(self._bodies)
 
-    def feed(self) -> None:
-        """One ``read`` of the pipe (it must be readable, or this blocks)."""
+    @property
+    def empty(self) -> bool:
+        """Nothing read and not yet taken: no frame, no part of one."""
+        return not self._bodies and not self._buf
+
+    def read(self) -> bytes:
+        """One ``read`` of the pipe (it must be readable, or this blocks), not yet fed."""
         try:
             data = os.read(self._fd, 1 << 18)
         except OSError:
             data = b""
         if not data:
             raise _HostGone
+        return data
+
+    def feed(self, data: bytes | None = None) -> None:
+        """Split ``data`` (else one :meth:`read`) into frames."""
+        if data is None:
+            data = self.read()
         buf = self._buf + data if self._buf else data
         start, end = 0, len(buf)
         while end - start >= 4:
@@ -494,6 +498,9 @@ def _frame_map(body: bytes) -> dict[str, Any]:
 
 _OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
 """How the host's ``{"k": "ok", "id": ..., "value": ...}`` begins (msgpack keeps order)."""
+_USE_TAIL = b"\x80\xa4args"
+_USE_TAIL_WAIT = b"\x80\xa4wait\xc3\xa4args"
+"""A ``use`` frame's end, from its empty kwargs to its args' key."""
 
 
 _WARM_UP = (
@@ -587,8 +594,10 @@ class Sandbox:
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._run: int | None = None
+        self._heads: dict[str, bytes] = {}
+        self._heads_run: int | None = None
         self._runs = 0
-        self._calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []
         self._sources: dict[str, tuple[int, None, list[str], str]] = {}
         self._warm = list(_WARM_UP)
         self._hook: _WhenAsyncio | None = None
@@ -600,9 +609,15 @@ class Sandbox:
     # -- frames ----------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(len(data).to_bytes(4, "big") + data)
-        while view:
-            view = view[os.write(self._out, view) :]
+        self._write_all(len(data).to_bytes(4, "big") + data)
+
+    def _write_all(self, data: bytes) -> None:
+        """Write a whole frame (its length prefix included)."""
+        done = os.write(self._out, data)
+        if done < len(data):  # a pipe takes up to 64 KiB at once
+            view = memoryview(data)[done:]
+            while view:
+                view = view[os.write(self._out, view) :]
 
     def send(self, value: dict[str, Any]) -> None:
         self._write(_wire.encode(value))
@@ -711,19 +726,16 @@ class Sandbox:
 
     # -- tool calls ------------------------------------------------------------------
 
-    def track(self, call: ToolCall) -> None:
-        if len(self._calls) < 100_000:
-            self._calls.append(call)
-
     def _use_frame(
         self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any], wait: bool
-    ) -> int:
-        """Send one ``use`` frame; returns its id. ``wait``: nothing else is sent until
-        its answer is read (the host may then make the call without starting a task)."""
-        if self._run is None:
+    ) -> bytes:
+        """Send one ``use`` frame; returns its id, packed. ``wait``: nothing else is sent
+        until its answer is read (the host may then make the call without starting a task)."""
+        run = self._run
+        if run is None:
             raise RuntimeError("tools can only be called while a run is in progress")
         try:
-            packed_args = _wire.encode(args)
+            packed_args = _wire.encode_args(args)
             packed_kwargs = _wire.encode(kwargs) if kwargs else b"\x80"
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArguments(
@@ -738,36 +750,57 @@ class Sandbox:
                 f"the limit of {self.max_argument}; pass a reference instead of the data",
                 tool=tool,
             )
-        self._next_id += 1
-        call_id = self._next_id
-        # {"k": "use", "id", "run", "tool", "args", "kwargs"[, "wait": true]}, by hand: the
-        # arguments are encoded once, and every other piece is a constant or one scalar.
-        out = [b"\x87\xa1k\xa3use\xa2id" if wait else b"\x86\xa1k\xa3use\xa2id"]
-        _wire.pack_into(out, call_id)
-        out.append(b"\xa3run")
-        _wire.pack_into(out, self._run)
-        out.append(b"\xa4tool")
-        _wire.pack_into(out, tool)
-        out += (b"\xa4args", packed_args, b"\xa6kwargs", packed_kwargs)
-        if wait:
-            out.append(b"\xa4wait\xc3")
-        self._write(b"".join(out))
-        return call_id
+        self._next_id = call_id = self._next_id + 1
+        packed_id = _wire.encode_int(call_id)
+        # {"k": "use", "run", "tool", "id", "kwargs"[, "wait": true], "args"} by hand: the
+        # arguments are encoded once, "k", "run" and "tool" once per run and tool, and the
+        # rest is constants and the id.
+        if run != self._heads_run:
+            self._heads, self._heads_run = {}, run
+        head = self._heads.get(tool)
+        if head is None:
+            head = self._heads[tool] = b"".join(
+                (b"\xa1k\xa3use\xa3run", _wire.encode_int(run), b"\xa4tool", _wire.encode(tool))
+            )
+        if packed_kwargs == b"\x80":
+            tail = _USE_TAIL_WAIT if wait else _USE_TAIL
+        else:
+            tail = b"".join((packed_kwargs, b"\xa4wait\xc3\xa4args" if wait else b"\xa4args"))
+        size = 1 + len(head) + 3 + len(packed_id) + 7 + len(tail) + len(packed_args)
+        self._write_all(
+            b"".join(
+                (
+                    size.to_bytes(4, "big"),
+                    b"\x87" if wait else b"\x86",
+                    head,
+                    b"\xa2id",
+                    packed_id,
+                    b"\xa6kwargs",
+                    tail,
+                    packed_args,
+                )
+            )
+        )
+        return packed_id
 
-    def _call_now(self, use: _Use) -> Any:
+    def _call_now(self, call: ToolCall) -> Any:
         """Make one call while the run is driven by hand: frame out, wait, frame back."""
-        call_id = self._use_frame(use.tool, use.args, use.kwargs, True)
-        while True:
-            body = self._frames.next_body()
-            if body.startswith(_OK_HEAD):  # the usual answer, read without a dict
+        packed_id = self._use_frame(call.tool, call.args, call.kwargs, True)
+        frames = self._frames
+        if frames.empty:  # the usual case: one read brings exactly the answer
+            data = frames.read()
+            ok = b"".join((_OK_HEAD, packed_id, b"\xa5value"))
+            if int.from_bytes(data[:4], "big") == len(data) - 4 and data.startswith(ok, 4):
                 try:
-                    got, at = _wire.decode_from(body, len(_OK_HEAD))
-                    if got == call_id and body[at : at + 6] == b"\xa5value":
-                        value, end = _wire.decode_from(body, at + 6)
-                        if end == len(body):
-                            return value
+                    value, end = _wire.decode_from(data, 4 + len(ok))
                 except _wire.WireError as exc:
                     raise _HostBroke(str(exc)) from None
+                if end == len(data):
+                    return value
+            frames.feed(data)
+        call_id = _wire.decode(packed_id)
+        while True:
+            body = frames.next_body()
             msg = _frame_map(body)
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
@@ -782,7 +815,7 @@ class Sandbox:
         """Send one call frame and wait for the host's answer, on the loop."""
         import asyncio
 
-        call_id = self._use_frame(tool, args, kwargs, False)
+        call_id = _wire.decode(self._use_frame(tool, args, kwargs, False))
         future: asyncio.Future[Any] = self._event_loop().create_future()
         self._waiting[call_id] = future
         try:
@@ -809,7 +842,7 @@ class Sandbox:
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = capture
         self._run = run_id
-        self._calls = []
+        self.calls = []
         ok, value, error = True, None, None
         try:
             value = self._drive(self._evaluate(source, filename))
@@ -842,10 +875,10 @@ class Sandbox:
             f"write `await {c.tool}(...)`"
             if c.line is not None
             else f"{c.tool}(...) was never awaited, so it did not run"
-            for c in self._calls
+            for c in self.calls
             if not c.awaited
         ][:_MAX_WARNINGS]
-        self._calls = []
+        self.calls = []
         plain, note = self._plain(value) if ok else (None, None)
         if note:
             warnings.append(note)
@@ -922,7 +955,10 @@ class Sandbox:
                 except StopIteration as stop:
                     return stop.value
                 value = error = None
-                if type(step) is not _Use or self._loop_busy():
+                if type(step) is not ToolCall:
+                    break
+                loop = self._loop  # as _loop_busy(), without its calls
+                if loop is not None and (loop._ready or loop._scheduled):  # pyright: ignore
                     break
                 try:
                     value = self._call_now(step)

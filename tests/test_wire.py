@@ -10,6 +10,8 @@ from typing import Any
 
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from capsule import _guest, _wire, protocol
 
@@ -165,3 +167,63 @@ def test_the_guest_speaks_the_protocols_frame_kinds() -> None:
         _guest.PyCF_ONLY_AST,
         _guest.PyCF_ALLOW_TOP_LEVEL_AWAIT,
     )
+
+
+# -- the fast paths: the same bytes and the same errors as the general one ----------------
+
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,  # a loaded 2-core machine: no per-example timing
+    database=None,  # leave no .hypothesis folder in the shared tree
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+_item = (
+    st.integers(min_value=-(2**64), max_value=2**65)  # also just outside what fits
+    | st.sampled_from([-33, -32, -1, 0, 127, 128, 255, 256, 65535, 65536, 2**64 - 1, 2**64])
+    | st.text(max_size=40)  # around 31 and 32 bytes of UTF-8, surrogates included
+    | st.text(alphabet="x\u00e9\u20ac", min_size=8, max_size=34)
+    | st.none()
+    | st.booleans()
+    | st.floats(allow_nan=False)
+    | st.binary(max_size=40)
+    | st.lists(st.integers(min_value=-1000, max_value=1000), max_size=3)
+    | st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2)
+    | st.sampled_from([object(), {1: 2}, {1, 2}])
+)
+
+
+def _outcome(encode: Any, value: Any) -> Any:
+    try:
+        return encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return type(exc)
+
+
+@FUZZ
+@given(args=st.lists(_item, max_size=18).map(tuple))
+def test_encode_args_is_encode(args: tuple[Any, ...]) -> None:
+    expected = _outcome(_wire.encode, args)
+    assert _outcome(_wire.encode_args, args) == expected
+    if isinstance(expected, bytes):
+        assert expected == packb(args)
+
+
+@FUZZ
+@given(value=st.integers(min_value=-(2**64), max_value=2**65))
+def test_encode_int_is_encode(value: int) -> None:
+    assert _outcome(_wire.encode_int, value) == _outcome(_wire.encode, value)
+    if -(2**63) <= value < 2**64:
+        assert _wire.encode_int(value) == packb(value)
+
+
+def test_encode_args_takes_subclasses_as_their_base_type() -> None:
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Name(str):
+        pass
+
+    args = (True, Level.HIGH, Name("n"), "\ud800")
+    assert _outcome(_wire.encode_args, args[:3]) == packb([True, 3, "n"])
+    assert _outcome(_wire.encode_args, args) is UnicodeEncodeError
