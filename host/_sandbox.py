@@ -20,11 +20,12 @@ usually ready by the time the agent runs code again.
 
 from __future__ import annotations
 
-import asyncio  # noqa: TID251 - the pipe watch of _Guest._readable, as in _pipes.py
+import asyncio  # noqa: TID251 - the pipe reader of _Guest, as in _pipes.py
 import contextlib
 import logging
 import os
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -62,6 +63,12 @@ _CAPSULE_PARENT = str(Path(__file__).resolve().parent.parent)
 _GUEST_MAIN = "from capsule._guest import main; main()"
 _MAX_TEXT = 64 * 1024
 _TICK = 0.05
+_CHUNK = 1 << 18
+_BACKLOG = 4 * 1024 * 1024
+"""Bytes of the guest's output read ahead with nobody reading them: then it waits."""
+_HEADER = p.HEADER
+_FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
+"""Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
 _LOST = "the sandbox was restarted: variables and imports of earlier runs were lost"
 
 _DECISIONS: ContextVar[list[str] | None] = ContextVar("toolhost_code_decisions", default=None)
@@ -117,7 +124,17 @@ class _Dead(Exception):
 
 
 class _Guest:
-    """One sandbox child process and its pipes."""
+    """One sandbox child process and its pipes.
+
+    Its output is read as it arrives and split into frames (:meth:`next` decodes them):
+    on asyncio by a reader callback that stays registered with the loop, as
+    ``host/_pipes.py`` reads capsules (``anyio.wait_readable`` registers and unregisters
+    the pipe for every wait, and a callback that only wakes the reader runs again, with
+    the pipe still unread, before the reader does). It stops reading while more than
+    :data:`_BACKLOG` bytes wait with nobody reading them (the guest then blocks on its
+    full pipe), and reads again when :meth:`next` runs out. On trio, whose wait is cheap,
+    :meth:`next` waits and reads itself.
+    """
 
     def __init__(self, process: anyio.abc.Process, write_fd: int, read_fd: int) -> None:
         os.set_blocking(write_fd, False)
@@ -126,28 +143,48 @@ class _Guest:
         self._wfd = write_fd
         self._rfd = read_fd
         self._decoder = p.FrameDecoder(p.MAX_FRAME)
-        self._ready: list[bytes] = []
+        self._ready: deque[bytes] = deque()
+        self._held = 0
+        """Bytes of the frames in ``_ready``."""
+        self._ended = False
+        """The read pipe reached EOF (or failed) or broke the framing (``_broken``)."""
+        self._broken: p.BadFrame | None = None
+        self._pack = p.packer()
         self._wlock = anyio.Lock()
         self.stderr_tail = bytearray()
         self.killed: str | None = None
         self.exited = anyio.Event()
         self.closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        """The asyncio loop watching the read pipe, while one does (:meth:`_readable`)."""
+        """The asyncio loop whose reader callback reads the pipe, while one does."""
         self._waiter: asyncio.Future[None] | None = None
 
     @property
     def alive(self) -> bool:
         return self.killed is None and not self.closed and self.process.returncode is None
 
-    async def send(self, value: Mapping[str, Any]) -> None:
-        view = memoryview(p.frame(dict(value)))
-        try:
-            # Uncontended (the usual case), the lock is taken without a trip through the
-            # event loop, and a small frame goes out in one write.
-            self._wlock.acquire_nowait()
-        except anyio.WouldBlock:
-            await self._wlock.acquire()
+    async def send(self, value: dict[str, Any]) -> None:
+        body = self._pack(value)
+        data = _HEADER.pack(len(body)) + body
+        lock = self._wlock
+        if self.closed:
+            raise _Dead
+        if not lock.locked():
+            # Nobody else is writing (the usual case): a small frame goes out in one write,
+            # with no lock taken; only the rest of a partial write holds it.
+            try:
+                written = os.write(self._wfd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                raise _Dead from None
+            if written == len(data):
+                return
+            lock.acquire_nowait()  # free: nothing was awaited since locked()
+        else:
+            written = 0
+            await lock.acquire()
+        view = memoryview(data)[written:]
         try:
             while view:
                 if self.closed:
@@ -162,49 +199,40 @@ class _Guest:
                 except OSError:
                     raise _Dead from None
         finally:
-            self._wlock.release()
+            lock.release()
 
     async def next(self) -> dict[str, Any] | None:
-        """The next frame from the guest; None once its output is closed."""
-        while not self._ready:
-            if self.closed:
-                return None
-            try:
-                data = os.read(self._rfd, 1 << 18)
-            except BlockingIOError:
-                if not await self._readable():  # closed by aclose() while a run reads
-                    return None
-                continue
-            except OSError:
-                return None
-            if not data:
-                return None
-            self._ready.extend(self._decoder.feed(data))
-        return p.as_map(p.decode(self._ready.pop(0)))
+        """The next frame from the guest; None once its output is closed.
 
-    async def _readable(self) -> bool:
-        """Wait until the read pipe is readable; False if it was closed meanwhile.
-
-        On asyncio the pipe stays registered with the loop between waits (a callback that
-        wakes the waiting reader): ``anyio.wait_readable`` registers and unregisters it for
-        every frame, which cost ~40 us per round trip here (``--stdio`` in benchmarks;
-        ``host/_pipes.py`` does the same for capsules). Trio's own wait is cheap.
+        Raises:
+            p.BadFrame: the frame, or the framing of the stream, breaks the wire rules.
         """
-        loop = asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
-        if loop is not None and self._loop is not loop:
-            self._unwatch()
-            try:
-                loop.add_reader(self._rfd, self._on_readable)
-            except NotImplementedError:  # a loop without readers: anyio's own wait
-                loop = None
-            else:
-                self._loop = loop
+        ready = self._ready
+        while not ready:
+            if self._broken is not None:
+                raise self._broken
+            if self._ended or self.closed:
+                return None
+            if not await self._more():  # closed by aclose() while a run reads
+                return None
+        body = ready.popleft()
+        self._held -= len(body)
+        return p.as_map(p.decode(body))
+
+    async def _more(self) -> bool:
+        """Wait for more of the guest's output; False if the pipe was closed meanwhile."""
+        loop = self._loop
         if loop is None:
-            try:
-                await anyio.wait_readable(self._rfd)
-            except anyio.ClosedResourceError:
-                return False
-            return not self.closed
+            if sniffio.current_async_library() == "asyncio":
+                loop = asyncio.get_running_loop()
+                try:
+                    loop.add_reader(self._rfd, self._on_readable)
+                except NotImplementedError:  # a loop without readers: anyio's own wait
+                    loop = None
+                else:
+                    self._loop = loop
+            if loop is None:
+                return await self._read_generic()
         if self._waiter is not None:  # as anyio's wait would: one reader at a time
             raise anyio.BusyResourceError("reading from")
         waiter: asyncio.Future[None] = loop.create_future()
@@ -215,14 +243,49 @@ class _Guest:
             self._waiter = None
         return not self.closed
 
+    async def _read_generic(self) -> bool:
+        # Wait first: after a frame the pipe is most likely empty, and a read that fails
+        # with EAGAIN costs a system call and an exception.
+        try:
+            await anyio.wait_readable(self._rfd)
+        except anyio.ClosedResourceError:
+            return False
+        if self.closed:
+            return False
+        self._read()
+        return True
+
+    def _read(self) -> None:
+        """Read one chunk from the pipe and split it into frames."""
+        try:
+            data = os.read(self._rfd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._ended = True
+            return
+        try:
+            bodies = self._decoder.feed(data)
+        except p.BadFrame as exc:  # raised by next() once the frames split off before are read
+            self._broken = exc
+            self._ended = True
+            return
+        for body in bodies:
+            self._held += len(body)
+            self._ready.append(body)
+
     def _on_readable(self) -> None:
+        self._read()
+        if self._ended:
+            self._unwatch()  # else a pipe at EOF is readable on every loop iteration
         waiter = self._waiter
-        if waiter is None:
-            # Nobody waits (frames the run reads later): the pipe stays readable until it
-            # is read, so stop watching it rather than be called on every loop iteration.
-            self._unwatch()
-        elif not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None and not waiter.done():
+            if self._ready or self._ended:
+                waiter.set_result(None)
+        elif self._held + self._decoder.pending > _BACKLOG:
+            self._unwatch()  # nobody reads: next() watches again when it runs out
 
     def _unwatch(self) -> None:
         loop, self._loop = self._loop, None
@@ -267,17 +330,34 @@ class _Spare:
         self.guest: _Guest | None = None
 
 
+_CallRecord = tuple[str, Literal["allow", "deny", "escalate"] | None, bool, str | None]
+"""A :class:`CodeCall`'s fields: tool, decision, ok, error."""
+
+
 class _Run:
     """The host's view of one run in progress."""
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
         self.inflight = 0
-        self.calls: list[CodeCall] = []
+        self.calls: list[_CallRecord] = []
+        """The calls made, as the fields of their :class:`CodeCall` (see :meth:`records`)."""
         self.made = 0
         self.scopes: dict[int, anyio.CancelScope] = {}
         self.done: dict[str, Any] | None = None
         self.failure: CodeError | None = None
+
+    def records(self) -> list[CodeCall]:
+        """The calls as the result shows them, built once per distinct call (frozen)."""
+        built: dict[_CallRecord, CodeCall] = {}
+        out: list[CodeCall] = []
+        for fields in self.calls:
+            call = built.get(fields)
+            if call is None:
+                tool, decision, ok, error = fields
+                call = built[fields] = CodeCall(tool=tool, decision=decision, ok=ok, error=error)
+            out.append(call)
+        return out
 
 
 def _limit(limit: str, message: str) -> CodeError:
@@ -590,7 +670,7 @@ class CodeSandbox:
             return CodeResult(
                 ok=False,
                 error=run.failure,
-                calls=run.calls,
+                calls=run.records(),
                 warnings=warnings,
                 sandbox=self.kind,
             )
@@ -632,7 +712,7 @@ class CodeSandbox:
             value=value if ok else None,
             stdout=_str(done, "stdout", self._limits.code_max_output),
             error=error,
-            calls=run.calls,
+            calls=run.records(),
             warnings=warnings,
             sandbox=self.kind,
         )
@@ -702,8 +782,15 @@ class CodeSandbox:
             raise p.BadFrame("use frames carry the int id of their run")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise p.BadFrame("use frames carry args as a list and kwargs as a map")
-        p.check_plain(args)
-        p.check_plain(kwargs)
+        # Flat arguments (the usual case) are plain as they are; anything else is walked.
+        for item in args:  # pyright: ignore[reportUnknownVariableType]
+            if type(item) not in _FLAT:  # pyright: ignore[reportUnknownArgumentType]
+                p.check_plain(args)
+                break
+        for key, item in kwargs.items():  # pyright: ignore[reportUnknownVariableType]
+            if type(key) is not str or type(item) not in _FLAT:  # pyright: ignore[reportUnknownArgumentType]
+                p.check_plain(kwargs)
+                break
         return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
 
     async def _clock(self, guest: _Guest, run: _Run) -> None:
@@ -741,54 +828,43 @@ class CodeSandbox:
         except HostError:
             name = tool
         decided: list[str] = []
-        made: list[tuple[dict[str, Any], HostError | None]] = []
+        outcome: tuple[Any, HostError | None] | None = None
         token = _DECISIONS.set(decided)
         try:
             if scope is None:
-                await self._make_call(made, call_id, tool, args, kwargs)
+                outcome = await self._outcome(tool, args, kwargs)
             else:
                 with scope:
-                    await self._make_call(made, call_id, tool, args, kwargs)
+                    outcome = await self._outcome(tool, args, kwargs)
         finally:
             _DECISIONS.reset(token)
             run.inflight -= 1
             if scope is not None:
                 run.scopes.pop(call_id, None)
-        if not made:  # the code stopped waiting (drop): nothing to answer
-            run.calls.append(CodeCall(tool=name, decision=None, ok=False, error="cancelled"))
+        if outcome is None:  # the code stopped waiting (drop): nothing to answer
+            run.calls.append((name, None, False, "cancelled"))
             return
-        reply, failure = made[0]
-        run.calls.append(
-            CodeCall(
-                tool=name,
-                decision=_decision(failure, decided),
-                ok=failure is None,
-                error=failure.kind if failure is not None else None,
-            )
-        )
+        value, failure = outcome
+        if failure is None:
+            run.calls.append((name, _decision(None, decided), True, None))
+            reply = {"k": p.K_OK, "id": call_id, "value": value}
+        else:
+            run.calls.append((name, _decision(failure, decided), False, failure.kind))
+            reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
         with contextlib.suppress(_Dead):
             await guest.send(reply)
 
-    async def _make_call(
-        self,
-        made: list[tuple[dict[str, Any], HostError | None]],
-        call_id: int,
-        tool: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-    ) -> None:
-        """The call through the mediator; appends (the answer, the failure) to ``made``."""
+    async def _outcome(
+        self, tool: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, HostError | None]:
+        """The call through the mediator: (its value, None) or (None, why it failed)."""
         try:
-            value = await self._call(tool, tuple(args), kwargs)
-            made.append(({"k": p.K_OK, "id": call_id, "value": value}, None))
+            return await self._call(tool, tuple(args), kwargs), None
         except HostError as exc:
-            made.append(({"k": p.K_ERR, "id": call_id, "error": _error_for_guest(exc)}, exc))
+            return None, exc
         except Exception as exc:  # a host bug: the code gets an error, the log the detail
             logger.exception("tool call %s from agent code failed inside the host", tool)
-            failure = HostError(f"the host failed to run {tool}: {type(exc).__name__}")
-            made.append(
-                ({"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}, failure)
-            )
+            return None, HostError(f"the host failed to run {tool}: {type(exc).__name__}")
 
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
