@@ -526,6 +526,7 @@ class CodeSandbox:
             guest.kill("it failed to start")
             with anyio.move_on_after(5):
                 await guest.exited.wait()
+            guest.close()  # its pipes, and the loop's reader on one of them
             reason = guest.stderr_tail.decode("utf-8", "replace")[-2000:]
             raise ToolUnavailable(
                 "run_code",
