@@ -14,7 +14,8 @@
   whole boot) with the module cache warm, from the fork server and, side by side, as a
   child of the host (``TOOLHOST_FORKSERVER=0``), and a new session's first run; a mediated
   tool call from inside the sandbox
-  against the same call made by the app. Calls from code the guest steps by hand (plain
+  against the same call made by the app (ten rounds of app calls, sandbox calls and app
+  calls again; the target row is the median of the rounds' differences). Calls from code the guest steps by hand (plain
   ``await``) and from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed
   apart.
 
@@ -422,7 +423,7 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
 
     from host import Host, SQLiteStore
 
-    batch = max(10, repeat // 5)
+    batch = max(10, repeat // 10)
     inner = (
         "import time\nts = []\n"
         f"for i in range({batch}):\n"
@@ -445,22 +446,34 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
             t = time.perf_counter()
             await host.run_code("await add(1, 2)")
             first = time.perf_counter() - t  # the fork server starts here too
+            # The idle guest imports asyncio and friends in the background (about a second
+            # of CPU in the unoptimised build): let it finish, or the first app calls
+            # compete with it for the two cores and look slower than they are.
+            await anyio.sleep(3.0)
             warm: list[float] = []
             app: list[float] = []
             inside: list[float] = []
             looped: list[float] = []
-            for _ in range(5):  # interleaved batches, so drift hits both sides alike
+            rounds: list[float] = []  # per round: the sandbox's median above the app's
+            for _ in range(10):  # interleaved batches, so drift hits both sides alike
+                around: list[float] = []
                 for i in range(batch):
                     t = time.perf_counter()
                     await host.call("add", i, 1)
-                    app.append(time.perf_counter() - t)
+                    around.append(time.perf_counter() - t)
                 result = await host.run_code(inner)
                 assert result.ok, result.error
                 inside.extend(result.value)
+                for i in range(batch):  # the app again, right after: the round's baseline
+                    t = time.perf_counter()
+                    await host.call("add", i, 1)
+                    around.append(time.perf_counter() - t)
+                app.extend(around)
+                rounds.append(statistics.median(result.value) - statistics.median(around))
                 result = await host.run_code(on_loop)
                 assert result.ok, result.error
                 looped.extend(result.value)
-                for _ in range(batch):
+                for _ in range(batch // 2):
                     t = time.perf_counter()
                     result = await host.run_code("await add(1, 2)")
                     warm.append(time.perf_counter() - t)
@@ -505,7 +518,9 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
         "run_after_reset_and_pause_ms": statistics.median(paused) * 1000,
         "app_call_us": app_us,
         "sandbox_call_us": inside_us,
-        "sandbox_call_over_app_us": inside_us - app_us,
+        "sandbox_call_over_app_us": statistics.median(rounds) * 1e6,
+        "sandbox_call_over_app_rounds_us": [round(r * 1e6, 1) for r in rounds],
+        "sandbox_call_over_app_pooled_us": inside_us - app_us,
         "sandbox_loop_call_us": looped_us,
         "sandbox_loop_call_over_app_us": looped_us - app_us,
     }
@@ -604,6 +619,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'for scale: the same call from the app':34} {targets['app_call_us']:8.1f} us;"
             f" from inside the sandbox {targets['sandbox_call_us']:.1f} us"
+        )
+        spread = sorted(targets["sandbox_call_over_app_rounds_us"])
+        print(
+            f"{'above app, per round (10 rounds)':34} {spread[0]:8.1f} .. {spread[-1]:.1f} us;"
+            f" pooled medians {targets['sandbox_call_over_app_pooled_us']:.1f} us"
         )
         print(
             f"{'a call on asyncio loop, above app':34} "
