@@ -218,7 +218,9 @@ class ToolCall(_CoroutineBase):
         if self.awaited:
             raise RuntimeError(f"this call to {self.tool} was already awaited")
         self.awaited = True
-        if _SANDBOX.loop_mode:  # inside asyncio's loop: wait on a future
+        if _SANDBOX.loop_mode:  # inside asyncio's loop
+            if _SANDBOX.alone():  # nothing else could run meanwhile: made in place
+                return _SANDBOX.call_in_place(self)
             return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
         # Driven by the run itself: the driver makes the call and sends the answer back.
         return (yield self)
@@ -703,6 +705,32 @@ class Sandbox:
         try:
             self._answers()
         except _HostGone:  # the loop would only log it: end here
+            os._exit(0)
+        except _HostBroke as exc:
+            os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
+            os._exit(1)
+
+    def alone(self) -> bool:
+        """On asyncio's loop: whether nothing else could run while a call waits (no call
+        in flight, no callback ready, no timer), so the call may be made in place, as a run
+        driven by hand makes it: one frame out, one back, no future and no trip through the
+        loop. Any other task, callback or timer (``gather``, ``wait_for``, ``sleep`` in a
+        task) keeps calls on futures, where they run concurrently and can be cancelled."""
+        loop = self._loop
+        return (
+            not self._waiting
+            and loop is not None
+            and not loop._ready  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+            and not loop._scheduled  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+        )
+
+    def call_in_place(self, call: ToolCall) -> Any:
+        """:meth:`_call_now` from inside the loop; a host that is gone or broke the
+        protocol ends the guest here (as :meth:`_on_readable` does), never as an exception
+        the agent's code could catch."""
+        try:
+            return self._call_now(call)
+        except _HostGone:
             os._exit(0)
         except _HostBroke as exc:
             os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())

@@ -207,3 +207,46 @@ def test_a_call_remembers_the_agents_line() -> None:
         assert _guest._SANDBOX.calls[-1] is scope["call"]  # pyright: ignore[reportPrivateUsage]
     finally:
         _guest._SANDBOX.calls.clear()  # pyright: ignore[reportPrivateUsage]
+
+
+def test_on_the_loop_a_call_is_made_in_place_only_when_nothing_else_could_run(
+    pipes: Pipes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On asyncio's loop, a call is made in place (one ``wait`` frame out, the answer
+    read at once) only when no other call is in flight and no callback or timer is
+    pending; otherwise it waits on a future, so the loop keeps running the rest."""
+    import asyncio
+
+    sandbox = pipes.sandbox
+    monkeypatch.setattr(_guest, "_SANDBOX", sandbox)  # the one tool calls talk to
+    loop = asyncio.new_event_loop()
+    sandbox._loop = loop  # pyright: ignore[reportPrivateUsage]
+    sandbox.loop_mode = True
+    try:
+        assert sandbox.alone()
+        handle = loop.call_later(10, lambda: None)
+        assert not sandbox.alone()  # a timer (a sleep, a wait_for) must still fire
+        handle.cancel()
+        loop.run_until_complete(asyncio.sleep(0))  # drops the cancelled timer
+        assert sandbox.alone()
+        loop.call_soon(lambda: None)
+        assert not sandbox.alone()  # a ready callback (another task's step)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert sandbox.alone()
+        sandbox._waiting[7] = loop.create_future()  # pyright: ignore[reportPrivateUsage]
+        assert not sandbox.alone()  # another call in flight: its answer must not be skipped
+        sandbox._waiting.clear()  # pyright: ignore[reportPrivateUsage]
+
+        async def code() -> Any:
+            return await _guest.ToolCall("add", (2, 3), {})
+
+        call_id = pipes.next_id()
+        os.write(pipes.to_guest, frame({"k": "ok", "id": call_id, "value": 5}))
+        assert loop.run_until_complete(code()) == 5
+        msg = pipes.sent()
+        assert msg["id"] == call_id and msg["wait"] is True  # made in place
+        assert not sandbox._waiting  # pyright: ignore[reportPrivateUsage]
+    finally:
+        sandbox.loop_mode = False
+        sandbox._loop = None  # pyright: ignore[reportPrivateUsage]
+        loop.close()

@@ -232,6 +232,43 @@ async def test_runs_move_to_asyncio_when_they_need_it(proj: Path) -> None:
         assert ok(await host.run_code("await count()")) == 1
 
 
+async def test_calls_on_the_loop_leave_timers_and_timeouts_working(proj: Path) -> None:
+    """Once a run is on asyncio's loop, a call with nothing else pending is made in place
+    (no future); a call made while a timer or another call is pending still waits on the
+    loop, so the timer fires meanwhile and ``wait_for`` still times it out."""
+    async with Host.open(proj) as host:
+        code = (
+            "await asyncio.sleep(0)\n"  # on the loop from here on
+            "seen = []\n"
+            "async def tick():\n"
+            "    await asyncio.sleep(0.05)\n"
+            "    seen.append('tick')\n"
+            "t = asyncio.create_task(tick())\n"
+            "await asyncio.sleep(0)\n"  # tick now waits on its timer
+            "await slow(0.4)\n"
+            "during = list(seen)\n"  # the timer fired while the call waited
+            "try:\n"
+            "    await asyncio.wait_for(slow(2.0), 0.1)\n"
+            "    timed = 'no'\n"
+            "except TimeoutError:\n"
+            "    timed = 'timeout'\n"
+            "[during, timed, [await add(i, 1) for i in range(3)]]"
+        )
+        start = anyio.current_time()
+        assert ok(await host.run_code(code)) == [["tick"], "timeout", [1, 2, 3]]
+        assert anyio.current_time() - start < 1.5  # wait_for did not wait for 2 s
+        code = (
+            "await asyncio.sleep(0)\n"
+            "async def safe(m):\n"
+            "    try:\n"
+            "        return await boom(m)\n"
+            "    except ToolError as e:\n"
+            "        return e.type_name\n"
+            "[await safe('x'), await add(2, 2)]"
+        )
+        assert ok(await host.run_code(code)) == ["ValueError", 4]
+
+
 async def test_asyncio_reached_without_its_name_right_after_boot(proj: Path) -> None:
     """Code that reaches asyncio without naming it, in a sandbox just booted (before the
     idle warm-up imported asyncio), still finds its event loop running."""
