@@ -13,11 +13,10 @@
   making one tool call; a new sandbox ready (``reset_code`` then a trivial run at once: the
   whole boot) with the module cache warm, from the fork server and, side by side, as a
   child of the host (``TOOLHOST_FORKSERVER=0``), and a new session's first run; a mediated
-  tool call from inside the sandbox
-  against the same call made by the app (ten rounds of app calls, sandbox calls and app
-  calls again; the target row is the median of the rounds' differences). Calls from code the guest steps by hand (plain
-  ``await``) and from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed
-  apart.
+  tool call from inside the sandbox against the same call made by the app (ten rounds of
+  app calls, sandbox calls and app calls again; the target row is the median of the
+  rounds' differences). Calls from code the guest steps by hand (plain ``await``) and
+  from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed apart.
 
 ``--stdio`` only times echo round trips through a guest's stdio, side by side: a plain
 Python child, the runtime with wasmtime's inherited stdio (as toolhost runs it) and with
