@@ -395,11 +395,11 @@ def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> 
             preopens=[Preopen(str(tmp), LIB_GUEST, writable=True)],
         )
         done = subprocess.run(
-            child_command(spec),
+            child_command(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             cwd=str(_HOST_ROOT),
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            env=child_env(spec),
             check=False,
         )
         if done.returncode != 0:
@@ -483,14 +483,25 @@ def _prepare_lock() -> Any:
     return _lock[0]
 
 
-def child_command(spec: GuestSpec) -> list[str]:
-    """The command that runs one guest in its own process."""
+SPEC_VAR: Final = "TOOLHOST_GUEST_SPEC"
+"""The child's variable holding its :class:`GuestSpec` (:func:`child_env`), never argv."""
+
+
+def child_command() -> list[str]:
+    """The command that runs one guest in its own process; its spec travels in the
+    environment that :func:`child_env` makes for it.
+
+    Never on the command line: a spec holds the variables the policy passes to Wasm tools
+    (tokens, say), and any user of the machine can read a command line (``ps``,
+    ``/proc/PID/cmdline``); an environment only its owner can, and the child removes the
+    spec from its own at once and makes itself non-dumpable, which hides that too.
+    """
     # The child dies when this process does (its parent pid is checked against this one).
     # It starts without ``site`` (tens of milliseconds, with editable installs), and is
     # told where wasmtime is instead.
     return [
         *(sys.executable, "-I", "-S", str(CHILD)),
-        *("run", spec.to_json(), str(os.getpid()), wasmtime_root()),
+        *("run", str(os.getpid()), wasmtime_root()),
     ]
 
 
@@ -509,9 +520,19 @@ def wasmtime_root() -> str:
     return _wasmtime_roots[0]
 
 
-def child_env() -> dict[str, str]:
-    """The child's own environment: nothing of the host's but a search path."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+KEEP_DUMPABLE: Final = "TOOLHOST_KEEP_DUMPABLE"
+"""Passed on to the children: ``1`` leaves them dumpable, as it leaves the host."""
+
+
+def child_env(spec: GuestSpec | None = None) -> dict[str, str]:
+    """The child's own environment: nothing of the host's but a search path (and the
+    dumpable opt-out), and ``spec`` for a guest child (:func:`child_command`)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if os.environ.get(KEEP_DUMPABLE) == "1":
+        env[KEEP_DUMPABLE] = "1"
+    if spec is not None:
+        env[SPEC_VAR] = spec.to_json()
+    return env
 
 
 async def spawn_guest(spec: GuestSpec) -> tuple[Any, int, int]:
@@ -522,4 +543,4 @@ async def spawn_guest(spec: GuestSpec) -> tuple[Any, int, int]:
     """
     from ._process import spawn_piped  # here: the child loads this file on its own
 
-    return await spawn_piped(child_command(spec), cwd=str(_HOST_ROOT), env=child_env())
+    return await spawn_piped(child_command(), cwd=str(_HOST_ROOT), env=child_env(spec))

@@ -1,5 +1,6 @@
-"""The child process that runs one Wasm guest: ``python -I -S host/_wasm_child.py run SPEC PID
-WASMTIME_ROOT``.
+"""The child process that runs one Wasm guest: ``python -I -S host/_wasm_child.py run PID
+WASMTIME_ROOT``, with the guest's spec in ``TOOLHOST_GUEST_SPEC`` (never on the command
+line, which every user can read) and removed from the environment at once.
 
 It is started by path (not ``-m host...``), so it imports neither the ``host`` package nor
 its dependencies: only the standard library, ``wasmtime`` and ``host/_wasm.py``. Its
@@ -82,8 +83,28 @@ def _run(wasm: ModuleType, spec: Any, parent: int, loaded: Any = None) -> int:
     return status[0] if status else 1
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def _undumpable() -> None:
+    """Make this process non-dumpable (Linux), as the host makes itself: other processes
+    of the same user (a subprocess capsule's tools) can then read neither its memory nor
+    its ``/proc/PID/environ``, which hold a guest's spec and the variables the policy
+    passes to Wasm tools. Children forked from it (the fork server's guests) inherit it.
+    ``TOOLHOST_KEEP_DUMPABLE=1`` (passed on by the host) leaves it dumpable."""
+    if not sys.platform.startswith("linux") or os.environ.get("TOOLHOST_KEEP_DUMPABLE") == "1":
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["run"], ["zygote"]):
+        _undumpable()  # first: before anything is read from the environment
     wasm = _wasm()
+    spec = os.environ.pop(wasm.SPEC_VAR, None)  # never left for the guest's own start
     if argv[:1] == ["prepare"] and len(argv) == 2:
         prepared = wasm.prepare_blocking(root=Path(argv[1]))
         print(json.dumps(asdict(prepared)))
@@ -91,16 +112,16 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["zygote"] and len(argv) == 4:
         sys.path.append(argv[2])
         return _Zygote(wasm, int(argv[1]), argv[3]).serve()
-    if argv[:1] != ["run"] or len(argv) not in (3, 4):
+    if argv[:1] != ["run"] or len(argv) not in (2, 3) or spec is None:
         print(
-            "usage: _wasm_child.py run SPEC PARENT_PID [WASMTIME_ROOT]"
+            "usage: TOOLHOST_GUEST_SPEC=SPEC _wasm_child.py run PARENT_PID [WASMTIME_ROOT]"
             " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare ROOT",
             file=sys.stderr,
         )
         return 2
-    if len(argv) == 4:  # started without ``site``: where wasmtime is
-        sys.path.append(argv[3])
-    return _run(wasm, wasm.GuestSpec.from_json(argv[1]), int(argv[2]))
+    if len(argv) == 3:  # started without ``site``: where wasmtime is
+        sys.path.append(argv[2])
+    return _run(wasm, wasm.GuestSpec.from_json(spec), int(argv[1]))
 
 
 # -- the fork server ----------------------------------------------------------------------

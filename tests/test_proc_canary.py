@@ -11,16 +11,20 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from host import Host, ToolError
+
+from .test_wasm import wasm_prepared
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.subprocess,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl"),
 ]
+__all__ = ["wasm_prepared"]  # the session fixture, reused here
 
 TOOLS = {
     "walk": """
@@ -67,6 +71,29 @@ TOOLS = {
                     found.append(os.readlink(f"{folder}/{fd}"))
                 except FileNotFoundError:  # closed meanwhile
                     continue
+            return found
+
+
+        def wasm_environs() -> dict[str, str]:
+            # What reading each Wasm child's environment gives (guests, the server).
+            found = {}
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        words = f.read().split(bytes(1))
+                except OSError:
+                    continue
+                if not any(w.endswith(b"_wasm_child.py") for w in words):
+                    continue
+                if b"run" not in words and b"zygote" not in words:
+                    continue  # a cache build: it holds nothing
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        found[pid] = f"read {len(f.read())} bytes"
+                except OSError as exc:
+                    found[pid] = type(exc).__name__
             return found
 
 
@@ -117,3 +144,26 @@ async def test_the_host_can_stay_dumpable_for_a_debugger(
             assert libc.prctl(3, 0, 0, 0, 0) == 1
     finally:
         libc.prctl(4, 0, 0, 0, 0)
+
+
+@pytest.mark.wasm
+async def test_a_tool_cannot_read_a_wasm_childs_environment(
+    make_project: Callable[..., Path], wasm_prepared: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Wasm child (a tool capsule's, the fork server, a sandbox guest) holds what the
+    policy passes to Wasm tools: the other capsules' tools cannot read it from /proc.
+    (Run by root, the capsule's dropped capabilities already deny it; for any other
+    user it is the children being non-dumpable.)"""
+    del wasm_prepared
+    monkeypatch.setenv("CANARY_TOKEN", "token-" + os.urandom(8).hex())
+    tools = {**TOOLS, "inwasm": "def hello() -> str:\n    return 'hi'\n"}
+    policy = (
+        'version = 1\n[defaults]\nagent = "allow"\n'
+        '[capsules]\nwasm = ["inwasm"]\n[env]\npass = ["CANARY_TOKEN"]\n'
+    )
+    async with Host.open(make_project(tools=tools, policy=policy)) as host:
+        assert await host.call("hello") == "hi"
+        assert (await host.run_code("1")).ok  # a sandbox guest, from the fork server
+        seen = await host.call("wasm_environs")
+    assert len(seen) >= 3, seen  # the capsule's child, the server and its guest
+    assert set(seen.values()) == {"PermissionError"}, seen

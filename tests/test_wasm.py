@@ -44,10 +44,10 @@ def run_guest(
         memory=memory,
     )
     return subprocess.run(
-        _wasm.child_command(spec),
+        _wasm.child_command(),
         input=stdin,
         capture_output=True,
-        env=_wasm.child_env(),
+        env=_wasm.child_env(spec),
         timeout=60,
         check=False,
     )
@@ -77,7 +77,7 @@ def test_refuses_a_module_anybody_could_have_written(
     shared.chmod(0o666)
     spec = _wasm.GuestSpec(cwasm=str(shared), argv=["python", "-c", "pass"])
     done = subprocess.run(
-        _wasm.child_command(spec), capture_output=True, env=_wasm.child_env(), check=False
+        _wasm.child_command(), capture_output=True, env=_wasm.child_env(spec), check=False
     )
     assert done.returncode != 0
     assert b"not a private cache file" in done.stderr
@@ -184,22 +184,25 @@ def test_child_ends_when_its_host_goes_away(wasm_prepared: _wasm.Prepared) -> No
     """The lifeline: a guest blocked forever dies with the process that started it."""
     spec = _wasm.GuestSpec(
         cwasm=wasm_prepared.cwasm,
-        argv=_wasm.guest_argv("import time; time.sleep(1000)"),
+        argv=_wasm.guest_argv("import time; print('up', flush=True); time.sleep(1000)"),
         preopens=[_wasm.Preopen(wasm_prepared.lib, _wasm.LIB_GUEST)],
     )
     launcher = (
         "import json, os, subprocess, sys\n"
-        "command = json.loads(sys.argv[1])[:-1] + [str(os.getpid())]  # we are its parent\n"
-        "p = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,"
-        " stderr=subprocess.DEVNULL)\n"
+        "command = json.loads(sys.argv[1])\n"
+        "command[-2] = str(os.getpid())  # we are its parent\n"
+        "p = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,"
+        " stderr=subprocess.DEVNULL, env=json.loads(sys.argv[2]))\n"
+        "assert p.stdout.readline() == b'up\\n'  # the guest runs\n"
         "print(p.pid, flush=True)\n"
     )
     import json
 
+    command, env = _wasm.child_command(), _wasm.child_env(spec)
     done = subprocess.run(
-        [sys.executable, "-c", launcher, json.dumps(_wasm.child_command(spec))],
+        [sys.executable, "-c", launcher, json.dumps(command), json.dumps(env)],
         capture_output=True,
-        timeout=30,
+        timeout=60,
         check=True,
     )
     pid = int(done.stdout.split()[0])

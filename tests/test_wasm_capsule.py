@@ -193,3 +193,33 @@ async def test_a_writable_data_folder(
         with pytest.raises(ToolError):
             await host.call("write", "/project/tools/new.py")
         assert not (project / "tools" / "new.py").exists()
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+async def test_passed_secrets_never_reach_a_command_line(
+    make_project: Callable[..., Path],
+    wasm_prepared: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    forkserver: str,
+) -> None:
+    """A variable the policy passes to Wasm tools reaches them, and no process's command
+    line (world-readable in ``/proc`` and ``ps``), from the fork server or without it."""
+    del wasm_prepared
+    token = "token-" + os.urandom(8).hex()
+    monkeypatch.setenv("CANARY_TOKEN", token)
+    monkeypatch.setenv("TOOLHOST_FORKSERVER", forkserver)
+    policy = POLICY + '\n[env]\npass = ["CANARY_TOKEN"]\nsecret = ["CANARY_TOKEN"]\n'
+    project = make_project(tools=TOOLS, policy=policy)
+    async with Host.open(project) as host:
+        assert (await host.call("environ")).get("CANARY_TOKEN") == token
+        assert _command_lines_holding(token.encode()) == []
+
+
+def _command_lines_holding(needle: bytes) -> list[str]:
+    found: list[str] = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+    return found
