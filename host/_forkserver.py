@@ -37,7 +37,7 @@ import anyio.abc
 from . import _wasm
 from ._process import protect_host
 
-__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn", "wanted"]
+__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn", "spawn_leased", "wanted"]
 
 _SWITCH = "TOOLHOST_FORKSERVER"
 
@@ -183,6 +183,9 @@ class ForkedProcess(anyio.abc.Process):
         self._buffer = b""
         self._code: int | None = None
         self._stderr = _Stream(stderr)
+        self.lease: Lease | None = None
+        """A lease this process holds for itself (:func:`spawn_leased`), released by
+        :meth:`aclose` once the server has been let go of the child."""
 
     def _poll(self) -> None:
         """Read what the server said about the child so far (never blocks)."""
@@ -251,6 +254,9 @@ class ForkedProcess(anyio.abc.Process):
             if status >= 0:
                 anyio.notify_closing(status)
                 os.close(status)
+            lease, self.lease = self.lease, None
+            if lease is not None:
+                await lease.release()
 
 
 async def _read_pid(status: int) -> int:
@@ -297,3 +303,22 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
             os.close(fd)
         raise
     return ForkedProcess(pid, status_read, err_read), host_out, host_in
+
+
+async def spawn_leased(cwasm: str, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int, int]:
+    """:func:`spawn` with a :class:`Lease` of the process's own, for a guest whose owner
+    holds no lease (a Wasm tool capsule): the server runs at least until the process has
+    ended and been closed (:meth:`ForkedProcess.aclose`).
+
+    Raises:
+        ForkUnavailable: as :func:`spawn`; the lease is already released then.
+    """
+    lease = Lease(cwasm)
+    try:
+        process, host_out, host_in = await spawn(lease, spec)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await lease.release()
+        raise
+    process.lease = lease
+    return process, host_out, host_in

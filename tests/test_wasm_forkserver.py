@@ -17,7 +17,7 @@ import anyio
 import psutil
 import pytest
 
-from host import Host, _forkserver, _wasm
+from host import Host, HostError, _forkserver, _wasm
 
 from .conftest import ROOT
 from .fixtures.e2e.helpers import sigkill_host_script, wait_gone, wait_until
@@ -284,3 +284,33 @@ def test_a_sigkilled_host_leaves_no_server_or_guest_behind(tmp_path: Path) -> No
     )
     # the server and the sandbox it forked
     sigkill_host_script(_HOST_SCRIPT, [str(tmp_path), "trio"], ROOT, least=2)
+
+
+async def test_wasm_tool_capsules_come_from_the_server_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Wasm tool capsule is forked by the server too (no code sandbox needed for it to
+    run), a crashed one is restarted from a server (a new one if the crash let go of the
+    last lease), and no server outlives the host."""
+    root = _calc_project(tmp_path)
+    (root / "tools" / "crash.py").write_text("import os\n\ndef die() -> None:\n    os._exit(3)\n")
+    (root / "policy.toml").write_text(
+        'version = 1\n[defaults]\nagent = "allow"\n[capsules]\nwasm = ["calc", "crash"]\n'
+    )
+    async with Host.open(root) as host:
+        assert await host.call("add", 1, 2) == 3
+        (server,) = _servers()
+        (capsule,) = server.children()
+        with pytest.raises(HostError):
+            await host.call("die")
+        await wait_gone([capsule.pid])
+        assert await host.call("add", 2, 2) == 4  # restarted
+        (server,) = _servers()
+        (again,) = server.children()
+        assert again.pid != capsule.pid
+    await wait_gone([server.pid, again.pid])
+    assert not _servers()
+    monkeypatch.setenv("TOOLHOST_FORKSERVER", "0")
+    async with Host.open(root) as host:  # switched off: a child of the host's own
+        assert await host.call("add", 1, 2) == 3
+        assert not _servers()
