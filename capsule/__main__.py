@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 
+from ._harden import drop_privileges
 from ._serve import Capsule
 from .protocol import K_CONSOLE, encode
 
@@ -187,44 +188,6 @@ def _become_subreaper() -> None:
         pass
 
 
-def _drop_privileges() -> None:
-    """No new privileges, and no capabilities (only a root capsule has any), for good.
-
-    A tool holding ``CAP_SYS_PTRACE`` (root's) could read any process's ``/proc``
-    entries, and one holding fewer capabilities than the host cannot read the host's.
-    Where the kernel refuses, the capsule says so on stderr and goes on.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-
-        class _Header(ctypes.Structure):
-            _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
-
-        class _Data(ctypes.Structure):
-            _fields_ = (
-                ("effective", ctypes.c_uint32),
-                ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32),
-            )
-
-        failed = libc.prctl(38, 1, 0, 0, 0) != 0  # PR_SET_NO_NEW_PRIVS
-        if os.geteuid() == 0:
-            for cap in range(64):  # PR_CAPBSET_DROP until past the kernel's last one
-                if libc.prctl(24, cap, 0, 0, 0) != 0:
-                    break
-            libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-            header = _Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-            failed |= libc.capset(ctypes.byref(header), (_Data * 2)()) != 0
-    except (OSError, AttributeError):
-        failed = True
-    if failed:
-        os.write(2, b"toolhost capsule: could not drop privileges; tools keep them\n")
-
-
 def main() -> None:
     if sys.platform != "wasi" and hasattr(os, "fork"):
         _become_subreaper()
@@ -232,7 +195,7 @@ def main() -> None:
         if worker:
             _reap(worker)
         _become_subreaper()  # not inherited across fork
-    _drop_privileges()
+    drop_privileges("capsule")
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":

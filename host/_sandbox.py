@@ -490,6 +490,7 @@ class CodeSandbox:
             "    except (ValueError, OSError): pass\n"
             "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             f"sys.path.insert(0, {_CAPSULE_PARENT!r})\n"
+            "from capsule._harden import drop_privileges; drop_privileges('sandbox')\n"
             f"{_GUEST_MAIN}\n"
         )
         return await spawn_piped(

@@ -8,6 +8,7 @@ not contain (the host's files, the network) is stated in the README, and not ass
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,3 +90,32 @@ async def test_fallback_limits(proj: Path) -> None:
         bomb = await host.run_code("x = bytearray(1 << 30)")
         assert bomb.error is not None and bomb.error.limit == "code_memory"
         assert (await host.run_code("await add(1, 1)")).value == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
+async def test_fallback_gives_up_privileges_and_cannot_read_the_host(proj: Path) -> None:
+    """The fallback child sets no_new_privs and, run by root, drops every capability, so
+    it cannot read the non-dumpable host's /proc entries (with ``CAP_SYS_PTRACE`` it
+    could, even as a child with an empty environment)."""
+    code = """
+import os
+import sys
+status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+tried = {}
+for name in ('environ', 'mem'):
+    try:
+        with open(f'/proc/{os.getppid()}/{name}', 'rb') as f:
+            tried[name] = len(f.read(64))
+    except OSError as exc:
+        tried[name] = type(exc).__name__
+{'host': os.getppid(), 'no_new_privs': status['NoNewPrivs'].strip(),
+ 'caps': [status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd')], 'tried': tried}
+"""
+    async with Host.open(proj) as host:
+        result = await host.run_code(code)
+    assert result.ok, result.error
+    value = result.value
+    assert value["host"] == os.getpid()
+    assert value["no_new_privs"] == "1"
+    assert value["caps"] == ["0" * 16] * 3
+    assert value["tried"] == {"environ": "PermissionError", "mem": "PermissionError"}
