@@ -21,6 +21,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -135,6 +136,10 @@ _OWN_FOLDERS = ("tools", "src/tools", "policies", "hooks", "src/hooks", ".agent"
 """Project folders toolhost reads or writes itself: no data folder may overlap them."""
 
 
+DEFAULT_DATA_QUOTA = 256 * 1024**2
+"""The quota of a writable data folder whose policy gives none."""
+
+
 def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
@@ -149,6 +154,29 @@ class DataFolder(_Model):
     """The folder, relative to the project; it must exist and lie inside the project."""
     writable: bool = Field(default=False, strict=True)
     """Whether tools may create, change and delete files in it (read-only by default)."""
+    quota: Size | None = None
+    """Bytes of disk a writable folder may use (a Wasm capsule enforces it); ``None`` on a
+    read-only folder. A writable one without ``quota`` gets :data:`DEFAULT_DATA_QUOTA`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_quota(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        given = cast("dict[str, object]", value)
+        if given.get("writable") is True and "quota" not in given:
+            return {**given, "quota": DEFAULT_DATA_QUOTA}
+        return given
+
+    @field_validator("quota")
+    @classmethod
+    def _quota_needs_writable(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("writable") is not True:
+            raise ValueError(
+                "a quota limits what tools may write: it needs writable = true "
+                "(a read-only folder cannot grow)"
+            )
+        return value
 
     def resolve(self, root: Path) -> Path:
         """The folder on the host, symbolic links followed.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from host import PolicyFileError, load_policy
-from host._config import CapsulesConfig, DataFolder
+from host._config import DEFAULT_DATA_QUOTA, CapsulesConfig, DataFolder
 from host._policy import PolicySource
 
 from .conftest import ROOT
@@ -65,6 +65,18 @@ def test_a_table_says_whether_it_is_writable(project: Path) -> None:
     assert writable == DataFolder(path="data/inner", writable=True)
 
 
+def test_a_writable_folder_has_a_quota(project: Path) -> None:
+    default = capsules(project, '{ path = "data", writable = true }').data
+    assert default is not None and default.quota == DEFAULT_DATA_QUOTA == 256 * 1024**2
+    given = capsules(project, '{ path = "data", writable = true, quota = "64MiB" }').data
+    assert given == DataFolder(path="data", writable=True, quota=64 * 1024**2)
+    assert capsules(project, '{ path = "data", writable = true, quota = 4096 }').data == (
+        DataFolder(path="data", writable=True, quota=4096)
+    )
+    read_only = capsules(project, '"data"').data
+    assert read_only is not None and read_only.quota is None
+
+
 def test_a_link_inside_the_project_is_followed(project: Path) -> None:
     config = capsules(project, '"alias"')
     assert config.data is not None
@@ -97,6 +109,13 @@ def test_without_the_setting_there_is_no_data_folder(project: Path) -> None:
         ('{ path = "data", write = true }', "Extra inputs are not permitted"),
         ("{ writable = true }", "Field required"),
         ('{ path = "data", writable = "yes" }', "valid boolean"),
+        ('{ path = "data", quota = "64MiB" }', "a quota limits what tools may write"),
+        ('{ path = "data", writable = false, quota = "1MiB" }', "it needs writable = true"),
+        ('{ path = "data", writable = true, quota = 0 }', "a size must be positive"),
+        ('{ path = "data", writable = true, quota = -5 }', "a size must be positive"),
+        ('{ path = "data", writable = true, quota = "-1MiB" }', "'-1MiB' is not a size"),
+        ('{ path = "data", writable = true, quota = "lots" }', "'lots' is not a size"),
+        ('{ path = "data", writable = true, quota = true }', "a size is a number of bytes"),
     ],
 )
 def test_dangerous_or_wrong_values_are_refused(project: Path, value: str, says: str) -> None:
