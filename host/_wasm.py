@@ -47,6 +47,9 @@ __all__ = [
     "STDLIB_GUEST",
     "LIB_GUEST",
     "TRAP_EXIT",
+    "QUOTA_EXIT",
+    "QUOTA_PREFIX",
+    "disk_usage",
 ]
 
 ENGINE_SETTINGS: Final[Mapping[str, Any]] = {
@@ -72,6 +75,12 @@ TRAP_EXIT: Final = 70
 """Exit status of a child whose guest trapped (the reason is its last stderr line)."""
 
 TRAP_PREFIX: Final = "toolhost-wasm: trap: "
+
+QUOTA_EXIT: Final = 71
+"""Exit status of a child that ended its guest because a writable preopen went over its
+quota (the stderr line starting with :data:`QUOTA_PREFIX` says which)."""
+
+QUOTA_PREFIX: Final = "toolhost-wasm: the data folder is over its quota"
 
 _HOST_ROOT = Path(__file__).resolve().parent.parent
 HOST_ROOT: Final = _HOST_ROOT
@@ -114,6 +123,10 @@ class Preopen:
     host: str
     guest: str
     writable: bool = False
+    quota: int | None = None
+    """Bytes of disk a writable folder may use (see :func:`disk_usage`); ``None``: no
+    limit. The child caps each file at the smallest quota (``RLIMIT_FSIZE``) and ends the
+    guest when the folder's usage goes over it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +148,30 @@ class GuestSpec:
         data = json.loads(text)
         data["preopens"] = [Preopen(**p) for p in data["preopens"]]
         return cls(**data)
+
+
+def disk_usage(path: str) -> int:
+    """Bytes of disk the tree under ``path`` uses (``st_blocks``, directories included),
+    symbolic links counted as themselves, never followed; entries that vanish meanwhile
+    are skipped. Hard links are counted once per name (an overestimate)."""
+    total = 0
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+    return total
 
 
 @dataclass(frozen=True, slots=True)

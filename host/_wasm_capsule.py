@@ -21,12 +21,14 @@ from typing import Any, Final
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from . import _forkserver, _wasm
 from ._config import CapsulesConfig, DataFolder
 from ._events import EventBus
 from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
 from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
+from .errors import CapsuleCrashed
 
 __all__ = [
     "start_wasm_capsule",
@@ -58,7 +60,56 @@ def _exit_reason(code: int | None, tail: bytes) -> str:
     trap = [line for line in text if line.startswith(_wasm.TRAP_PREFIX)]
     if trap:
         return "the guest trapped: " + trap[-1][len(_wasm.TRAP_PREFIX) :]
+    quota = [line for line in text if line.startswith(_wasm.QUOTA_PREFIX)]
+    if quota or code == _wasm.QUOTA_EXIT:
+        said = quota[-1][len("toolhost-wasm: ") :] if quota else "the data folder is over its quota"
+        return f"it was stopped: {said}; the tools wrote more than the policy's quota allows"
     return exit_reason(code)
+
+
+class _QuotaTransport:
+    """A Wasm capsule with a data folder under quota. Its child ends when the folder goes
+    over it, and the call in flight then sees its output close before the exit status is
+    known: it waits (briefly) for the status, so the call says why."""
+
+    def __init__(self, inner: SubprocessTransport) -> None:
+        self._inner = inner
+
+    @property
+    def report(self) -> LoadReport:
+        return self._inner.report
+
+    @property
+    def alive(self) -> bool:
+        return self._inner.alive
+
+    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
+        try:
+            return await self._inner.call(call_id, tool, encoded, timeout)
+        except CapsuleCrashed as exc:
+            with anyio.move_on_after(2):
+                await self._inner._exited.wait()  # pyright: ignore[reportPrivateUsage]
+            why = self._inner.exit_reason()
+            if "quota" in exc.reason or "quota" not in why:
+                raise
+            raise CapsuleCrashed(
+                tool, reason=why, may_have_executed=exc.may_have_executed
+            ) from None
+
+    async def kill(self, reason: str) -> None:
+        await self._inner.kill(reason)
+
+
+async def _check_quota(folder: Path, quota: int) -> None:
+    """Refuse to start a capsule on a data folder already over its quota: a capsule the
+    quota stopped would otherwise be restarted to write more."""
+    used = await anyio.to_thread.run_sync(_wasm.disk_usage, str(folder))
+    if used > quota:
+        raise LoadFailed(
+            f"the policy's data folder is over its quota ({used} bytes used, the quota is "
+            f"{quota}): free space in {folder} (delete files) and call again",
+            LoadReport(),
+        )
 
 
 async def start_wasm_capsule(
@@ -186,7 +237,12 @@ def mixed_factory(
             mount = None
             if folder is not None:
                 assert data is not None
-                mount = _wasm.Preopen(str(folder), DATA_GUEST, writable=data.writable)
+                quota = data.quota if data.writable else None
+                mount = _wasm.Preopen(str(folder), DATA_GUEST, writable=data.writable, quota=quota)
+                if quota is not None:
+                    await _check_quota(folder, quota)
+                    transport = await start_wasm_capsule(request, events, tg, data=mount)
+                    return _QuotaTransport(transport)
             return await start_wasm_capsule(request, events, tg, data=mount)
 
         async def native(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:

@@ -63,10 +63,49 @@ def _lifeline(parent: int) -> None:
             os._exit(1)
 
 
+_QUOTA_TICK = 0.05
+"""How often the quota watcher measures the writable preopens with a quota (seconds); a
+guest writes at most this long (or four times a measurement, if that is longer) past one."""
+
+
+def _watch_quota(wasm: ModuleType, limited: list[tuple[str, int]]) -> None:
+    while True:
+        started = time.monotonic()
+        for folder, quota in limited:
+            used = wasm.disk_usage(folder)
+            if used > quota:
+                line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {used}): stopped\n"
+                with contextlib.suppress(OSError):
+                    os.write(2, line.encode())
+                os._exit(wasm.QUOTA_EXIT)
+        time.sleep(max(_QUOTA_TICK, 4 * (time.monotonic() - started)))
+
+
+def _limit_writes(wasm: ModuleType, spec: Any) -> None:
+    """Enforce the quotas of the writable preopens: no file grows past the smallest one
+    (``RLIMIT_FSIZE``: a write beyond fails with ``EFBIG``, since ``SIGXFSZ`` is ignored),
+    and a watcher thread ends this process once a folder uses more than its quota.
+    Called on the main thread (signals), after the fork server forked this child."""
+    limited = [(p.host, p.quota) for p in spec.preopens if p.writable and p.quota is not None]
+    if not limited:
+        return
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    smallest = min(quota for _, quota in limited)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY:
+        smallest = min(smallest, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (smallest, smallest))
+    threading.Thread(target=_watch_quota, args=(wasm, limited), daemon=True).start()
+
+
 def _run(wasm: ModuleType, spec: Any, parent: int, loaded: Any = None) -> int:
     """Run the guest on a thread with a large stack; the lifeline watches ``parent``."""
     # The parent's pid comes from the parent: one read here could already see a reaper's.
     threading.Thread(target=_lifeline, args=(parent,), daemon=True).start()
+    _limit_writes(wasm, spec)
     status: list[int] = []
 
     def guest() -> None:

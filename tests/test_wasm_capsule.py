@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from host import Host, HostError, ToolError
+from host import CapsuleCrashed, Host, HostError, ToolError, ToolUnavailable
+from host._wasm import disk_usage
 
 from .test_wasm import wasm_prepared
 
@@ -223,3 +224,102 @@ def _command_lines_holding(needle: bytes) -> list[str]:
                 if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(pid)
     return found
+
+
+# -- the quota of a writable data folder (security catalogue I06) -------------------------
+
+FILLER = {
+    "filler": """
+        import os
+
+
+        def big(path: str, size: int) -> int:
+            '''Write ``size`` bytes to one file, a MiB at a time.'''
+            chunk = b"x" * (1 << 20)
+            with open(path, "wb") as f:
+                for _ in range(size // len(chunk)):
+                    f.write(chunk)
+            return size
+
+
+        def fill(folder: str) -> int:
+            '''Small files, endlessly.'''
+            count = 0
+            while True:
+                with open(f"{folder}/f{count}", "wb") as f:
+                    f.write(b"x" * 4096)
+                count += 1
+
+
+        def count(folder: str) -> int:
+            return len(os.listdir(folder))
+    """,
+}
+QUOTA = 4 * 1024**2
+QUOTA_POLICY = """
+    version = 1
+    [defaults]
+    agent = "allow"
+
+    [limits]
+    unavailable_for = "1s"
+
+    [capsules]
+    wasm = ["filler"]
+    data = { path = "data", writable = true, quota = "4MiB" }
+"""
+
+
+def quota_project(make_project: Callable[..., Path]) -> Path:
+    project = make_project(tools=FILLER, policy=QUOTA_POLICY)
+    (project / "data").mkdir()
+    return project
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+async def test_one_file_cannot_grow_past_the_quota(
+    make_project: Callable[..., Path],
+    wasm_prepared: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    forkserver: str,
+) -> None:
+    """Each file is capped at the quota (``RLIMIT_FSIZE``): the write past it fails in the
+    tool (``EFBIG``), from the fork server's children as from the host's own. A folder
+    exactly at its quota is not over it."""
+    del wasm_prepared
+    monkeypatch.setenv("TOOLHOST_FORKSERVER", forkserver)
+    project = quota_project(make_project)
+    big = project / "data" / "big.bin"
+    async with Host.open(project) as host:
+        with pytest.raises(ToolError) as caught:
+            await host.call("big", "/data/big.bin", 2 * QUOTA)
+        assert caught.value.type_name == "OSError"
+        assert "too large" in str(caught.value)
+        assert big.stat().st_size == QUOTA  # the folder is full, not over: tools still run
+        big.unlink()
+        assert await host.call("big", "/data/big.bin", 1024**2) == 1024**2
+
+
+async def test_a_folder_filled_past_its_quota_stops_the_capsule(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    """Many small files: the watcher ends the capsule soon after the folder goes over its
+    quota, a restart is refused while it stays over, and calls work again once files are
+    deleted."""
+    del wasm_prepared
+    project = quota_project(make_project)
+    folder = project / "data"
+    async with Host.open(project) as host:
+        with pytest.raises(CapsuleCrashed) as crashed:
+            await host.call("fill", "/data")
+        assert "quota" in crashed.value.reason
+        used = disk_usage(str(folder))
+        assert QUOTA < used < QUOTA + 32 * 1024**2  # the loop alone would never stop
+        with pytest.raises(ToolUnavailable) as refused:
+            await host.call("count", "/data")
+        assert "over its quota" in str(refused.value)
+        assert "free space" in str(refused.value)
+        assert disk_usage(str(folder)) == used  # nothing ran to write more
+        for path in folder.iterdir():
+            path.unlink()
+        assert await host.call("count", "/data") == 0
