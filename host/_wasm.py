@@ -153,20 +153,27 @@ class GuestSpec:
 def disk_usage(path: str) -> int:
     """Bytes of disk the tree under ``path`` uses (``st_blocks``, directories included),
     symbolic links counted as themselves, never followed; entries that vanish meanwhile
-    are skipped. Hard links are counted once per name (an overestimate)."""
+    are skipped. Hard links are counted once per name (an overestimate).
+
+    Raises:
+        OSError: a part of the tree cannot be measured (a path too long, say): callers
+            treat the folder as over its quota, never as empty.
+    """
     total = 0
     stack = [path]
     while stack:
         folder = stack.pop()
         try:
             entries = os.scandir(folder)
-        except OSError:
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            if folder == path:
+                raise
+            continue  # removed or replaced since it was listed
         with entries:
             for entry in entries:
                 try:
                     info = entry.stat(follow_symlinks=False)
-                except OSError:
+                except FileNotFoundError:
                     continue
                 total += info.st_blocks * 512
                 if stat.S_ISDIR(info.st_mode):

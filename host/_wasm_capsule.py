@@ -103,7 +103,15 @@ class _QuotaTransport:
 async def _check_quota(folder: Path, quota: int) -> None:
     """Refuse to start a capsule on a data folder already over its quota: a capsule the
     quota stopped would otherwise be restarted to write more."""
-    used = await anyio.to_thread.run_sync(_wasm.disk_usage, str(folder))
+    try:
+        used = await anyio.to_thread.run_sync(_wasm.disk_usage, str(folder))
+    except OSError as exc:
+        raise LoadFailed(
+            "the policy's data folder is over its quota or cannot be measured "
+            f"({exc.strerror or type(exc).__name__}): "
+            f"free space in {folder} (delete files) and call again",
+            LoadReport(),
+        ) from None
     if used > quota:
         raise LoadFailed(
             f"the policy's data folder is over its quota ({used} bytes used, the quota is "

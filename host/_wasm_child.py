@@ -72,8 +72,11 @@ def _watch_quota(wasm: ModuleType, limited: list[tuple[str, int]]) -> None:
     while True:
         started = time.monotonic()
         for folder, quota in limited:
-            used = wasm.disk_usage(folder)
-            if used > quota:
+            try:
+                used = str(wasm.disk_usage(folder))
+            except OSError as exc:  # never taken for empty
+                used = f"more than it can measure: {exc.strerror or type(exc).__name__}"
+            if not used.isdigit() or int(used) > quota:
                 line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {used}): stopped\n"
                 with contextlib.suppress(OSError):
                     os.write(2, line.encode())

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from host import CapsuleCrashed, Host, HostError, ToolError, ToolUnavailable
@@ -253,6 +255,18 @@ FILLER = {
 
         def count(folder: str) -> int:
             return len(os.listdir(folder))
+
+
+        def deep(folder: str) -> int:
+            # Folders nested until the path is too long (on the host too, where it is
+            # longer), a file in each.
+            depth = 0
+            while True:
+                folder += "/" + "d" * 200
+                os.mkdir(folder)
+                with open(folder + "/f", "wb") as f:
+                    f.write(b"x" * 4096)
+                depth += 1
     """,
 }
 QUOTA = 4 * 1024**2
@@ -322,4 +336,29 @@ async def test_a_folder_filled_past_its_quota_stops_the_capsule(
         assert disk_usage(str(folder)) == used  # nothing ran to write more
         for path in folder.iterdir():
             path.unlink()
+        assert await host.call("count", "/data") == 0
+
+
+async def test_a_folder_too_deep_to_measure_counts_as_over_its_quota(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    """A tree the host cannot walk (a path past its limit) is never taken for empty."""
+    del wasm_prepared
+    project = quota_project(make_project)
+    async with Host.open(project) as host:
+        with pytest.raises((ToolError, CapsuleCrashed)):
+            await host.call("deep", "/data")
+        # The watcher stops the capsule (within its interval); then it cannot start.
+        refused: ToolUnavailable | None = None
+        for _ in range(200):
+            try:
+                await host.call("count", "/data")
+            except CapsuleCrashed:
+                continue
+            except ToolUnavailable as exc:
+                refused = exc
+                break
+            await anyio.sleep(0.05)
+        assert "cannot be measured (File name too long)" in str(refused)
+        shutil.rmtree(project / "data" / ("d" * 200))
         assert await host.call("count", "/data") == 0
