@@ -150,10 +150,16 @@ class GuestSpec:
         return cls(**data)
 
 
+ENTRY_MIN: Final = 512
+"""What :func:`disk_usage` counts at least for one file, folder or link."""
+
+
 def disk_usage(path: str) -> int:
     """Bytes of disk the tree under ``path`` uses (``st_blocks``, directories included),
-    symbolic links counted as themselves, never followed; entries that vanish meanwhile
-    are skipped. Hard links are counted once per name (an overestimate).
+    each entry at least :data:`ENTRY_MIN` (empty files cost inodes and directory space,
+    which ``st_blocks`` may not show: on tmpfs, none), symbolic links counted as
+    themselves, never followed; entries that vanish meanwhile are skipped. Hard links are
+    counted once per name (an overestimate).
 
     Raises:
         OSError: a part of the tree cannot be measured (a path too long, say): callers
@@ -175,7 +181,7 @@ def disk_usage(path: str) -> int:
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                total += info.st_blocks * 512
+                total += max(info.st_blocks * 512, ENTRY_MIN)
                 if stat.S_ISDIR(info.st_mode):
                     stack.append(entry.path)
     return total

@@ -244,12 +244,12 @@ FILLER = {
             return size
 
 
-        def fill(folder: str) -> int:
-            '''Small files, endlessly.'''
+        def fill(folder: str, size: int) -> int:
+            '''Small (or empty) files, endlessly.'''
             count = 0
             while True:
                 with open(f"{folder}/f{count}", "wb") as f:
-                    f.write(b"x" * 4096)
+                    f.write(b"x" * size)
                 count += 1
 
 
@@ -314,18 +314,19 @@ async def test_one_file_cannot_grow_past_the_quota(
         assert await host.call("big", "/data/big.bin", 1024**2) == 1024**2
 
 
+@pytest.mark.parametrize("size", [4096, 0])
 async def test_a_folder_filled_past_its_quota_stops_the_capsule(
-    make_project: Callable[..., Path], wasm_prepared: Any
+    make_project: Callable[..., Path], wasm_prepared: Any, size: int
 ) -> None:
-    """Many small files: the watcher ends the capsule soon after the folder goes over its
-    quota, a restart is refused while it stays over, and calls work again once files are
-    deleted."""
+    """Many small files (or empty ones, each counted as ``ENTRY_MIN``): the watcher ends
+    the capsule soon after the folder goes over its quota, a restart is refused while it
+    stays over, and calls work again once files are deleted."""
     del wasm_prepared
     project = quota_project(make_project)
     folder = project / "data"
     async with Host.open(project) as host:
         with pytest.raises(CapsuleCrashed) as crashed:
-            await host.call("fill", "/data")
+            await host.call("fill", "/data", size)
         assert "quota" in crashed.value.reason
         used = disk_usage(str(folder))
         assert QUOTA < used < QUOTA + 32 * 1024**2  # the loop alone would never stop
