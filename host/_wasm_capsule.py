@@ -296,6 +296,13 @@ def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     return start_subprocess
 
 
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} bytes"
+
+
 def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str]:
     """Where ``[capsules]`` runs the tools of ``file``, as data and as one line of text
     (``toolhost policy check`` prints them)."""
@@ -305,11 +312,18 @@ def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str
     folder = capsules.data
     if folder is not None:
         mode = "writable" if folder.writable else "read-only"
+        if folder.quota is not None:
+            mode += f", quota {_size(folder.quota)}"
         if kind == "wasm":
             where = DATA_GUEST
             text += f", data folder {folder.path} ({mode}) at {DATA_GUEST}"
         else:
             where = None
             text += f", data folder {folder.path} named by ${DATA_ENV} (not enforced here)"
-        data["data"] = {"path": folder.path, "writable": folder.writable, "guest": where}
+        data["data"] = {
+            "path": folder.path,
+            "writable": folder.writable,
+            "quota": folder.quota,
+            "guest": where,
+        }
     return data, text

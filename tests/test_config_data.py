@@ -177,11 +177,13 @@ def test_policy_check_says_where_a_tool_runs_and_refuses_a_bad_folder(project: P
     where = str(project)
     done = policy_check(project, "notes_now", "--project", where)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "capsule: wasm, data folder data (writable) at /data"
+    assert done.stdout.splitlines()[-1] == (
+        "capsule: wasm, data folder data (writable, quota 256 MiB) at /data"
+    )
     done = policy_check(project, "clock_now", "--json", "--project", where)
     assert json.loads(done.stdout)["capsule"] == {
         "kind": "subprocess",
-        "data": {"path": "data", "writable": True, "guest": None},
+        "data": {"path": "data", "writable": True, "quota": 256 * 1024**2, "guest": None},
     }
     write(project, '"missing"')
     done = policy_check(project, "notes_now", "--project", where)
