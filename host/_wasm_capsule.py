@@ -63,7 +63,7 @@ def _exit_reason(code: int | None, tail: bytes) -> str:
     quota = [line for line in text if line.startswith(_wasm.QUOTA_PREFIX)]
     if quota or code == _wasm.QUOTA_EXIT:
         said = quota[-1][len("toolhost-wasm: ") :] if quota else "the data folder is over its quota"
-        return f"it was stopped: {said}; the tools wrote more than the policy's quota allows"
+        return f"it was stopped: {said}"
     return exit_reason(code)
 
 

@@ -77,7 +77,7 @@ def _watch_quota(wasm: ModuleType, limited: list[tuple[str, int]]) -> None:
             except OSError as exc:  # never taken for empty
                 used = f"more than it can measure: {exc.strerror or type(exc).__name__}"
             if not used.isdigit() or int(used) > quota:
-                line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {used}): stopped\n"
+                line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {used})\n"
                 with contextlib.suppress(OSError):
                     os.write(2, line.encode())
                 os._exit(wasm.QUOTA_EXIT)
