@@ -27,7 +27,15 @@ from capsule.protocol import BadFrame
 
 from ._events import Event, EventBus
 from ._process import kill_tree, spawn_piped
-from ._transport import CapsuleDied, Connection, LoadFailed, LoadReport, LoadRequest
+from ._transport import (
+    CLOSED_OUTPUT,
+    CapsuleDied,
+    Connection,
+    LoadFailed,
+    LoadReport,
+    LoadRequest,
+)
+from .errors import CapsuleCrashed
 
 __all__ = ["SubprocessTransport", "start_process", "start_subprocess", "exit_reason"]
 
@@ -39,6 +47,9 @@ ExitReason = Callable[[int | None, bytes], str]
 _CAPSULE_PARENT = str(Path(capsule.__file__).resolve().parent.parent)
 _BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
 _CONSOLE_BURST = 1024 * 1024
+_EXIT_GRACE = 2.0
+"""Seconds a call (or a load) failed by the end of the capsule's output waits for its exit
+status, to say why it died."""
 _CONSOLE_RATE = 256 * 1024  # bytes per second once the burst is spent
 
 
@@ -137,7 +148,23 @@ class SubprocessTransport:
         return self._process.pid
 
     async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        return await self._connection.call(call_id, tool, encoded, timeout)
+        try:
+            return await self._connection.call(call_id, tool, encoded, timeout)
+        except CapsuleCrashed as exc:
+            if exc.reason != CLOSED_OUTPUT:
+                raise
+            # The capsule's output ended before its exit status was known: wait for it
+            # (briefly), so the call says why the capsule died (a status, a signal, a
+            # trap, a quota), not only that its output ended.
+            with anyio.move_on_after(_EXIT_GRACE):
+                await self._exited.wait()
+            if not self._exited.is_set():
+                raise
+            raise CapsuleCrashed(
+                tool,
+                reason=self._killed or self.exit_reason(),
+                may_have_executed=exc.may_have_executed,
+            ) from None
 
     def _kill_tree(self) -> None:
         """Kill the capsule (its reaper) and every descendant, the worker's included."""
@@ -177,7 +204,10 @@ class SubprocessTransport:
 
     async def _watch(self) -> None:
         await self._process.wait()
-        self._connection.fail_all(self._killed or self.exit_reason())
+        why = self._killed or self.exit_reason()
+        if self._connection.dead == CLOSED_OUTPUT:
+            self._connection.dead = why  # later calls say why, too
+        self._connection.fail_all(why)
         # Descendants that kept the pipes open must not keep the capsule half-alive, and
         # a worker whose reaper a tool killed must not live on with the orphans it adopted.
         self._kill_tree()
@@ -249,7 +279,7 @@ async def start_process(
         try:
             await connection.load(request, transport.report)
         except CapsuleDied:
-            with anyio.move_on_after(2):
+            with anyio.move_on_after(_EXIT_GRACE):
                 await transport._exited.wait()  # pyright: ignore[reportPrivateUsage]
             why = transport.exit_reason()
             await transport.kill(why)

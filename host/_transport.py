@@ -49,6 +49,10 @@ __all__ = [
 
 logger = logging.getLogger("toolhost.capsule")
 
+CLOSED_OUTPUT = "the capsule closed its output"
+"""Why calls in flight fail when the capsule's output ends, as far as the connection
+knows: the process owner, which learns the exit status a moment later, says better."""
+
 
 @dataclass(frozen=True, slots=True)
 class LoadRequest:
@@ -262,7 +266,7 @@ class Connection:
         while not self._ready:
             data = await self._read()
             if not data:
-                raise CapsuleDied("the capsule closed its output")
+                raise CapsuleDied(CLOSED_OUTPUT)
             self._ready.extend(self._decoder.feed(data))
         return p.as_map(p.decode(self._ready.pop(0)))
 
@@ -331,7 +335,7 @@ class Connection:
 
     async def run(self) -> None:
         """Read replies until the capsule's output ends; then fail everything in flight."""
-        reason = "the capsule closed its output"
+        reason = CLOSED_OUTPUT
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer)

@@ -28,7 +28,6 @@ from ._config import CapsulesConfig, DataFolder
 from ._events import EventBus
 from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
 from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
-from .errors import CapsuleCrashed
 
 __all__ = [
     "start_wasm_capsule",
@@ -65,39 +64,6 @@ def _exit_reason(code: int | None, tail: bytes) -> str:
         said = quota[-1][len("toolhost-wasm: ") :] if quota else "the data folder is over its quota"
         return f"it was stopped: {said}"
     return exit_reason(code)
-
-
-class _QuotaTransport:
-    """A Wasm capsule with a data folder under quota. Its child ends when the folder goes
-    over it, and the call in flight then sees its output close before the exit status is
-    known: it waits (briefly) for the status, so the call says why."""
-
-    def __init__(self, inner: SubprocessTransport) -> None:
-        self._inner = inner
-
-    @property
-    def report(self) -> LoadReport:
-        return self._inner.report
-
-    @property
-    def alive(self) -> bool:
-        return self._inner.alive
-
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        try:
-            return await self._inner.call(call_id, tool, encoded, timeout)
-        except CapsuleCrashed as exc:
-            with anyio.move_on_after(2):
-                await self._inner._exited.wait()  # pyright: ignore[reportPrivateUsage]
-            why = self._inner.exit_reason()
-            if "quota" in exc.reason or "quota" not in why:
-                raise
-            raise CapsuleCrashed(
-                tool, reason=why, may_have_executed=exc.may_have_executed
-            ) from None
-
-    async def kill(self, reason: str) -> None:
-        await self._inner.kill(reason)
 
 
 async def _check_quota(folder: Path, quota: int) -> None:
@@ -249,8 +215,6 @@ def mixed_factory(
                 mount = _wasm.Preopen(str(folder), DATA_GUEST, writable=data.writable, quota=quota)
                 if quota is not None:
                     await _check_quota(folder, quota)
-                    transport = await start_wasm_capsule(request, events, tg, data=mount)
-                    return _QuotaTransport(transport)
             return await start_wasm_capsule(request, events, tg, data=mount)
 
         async def native(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:

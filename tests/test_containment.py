@@ -90,12 +90,14 @@ async def test_a_timeout_kills_every_descendant() -> None:
         assert await host.call("quick") == "quick"
 
 
-@pytest.mark.parametrize("crash", ["exit_now", "kill_self"])
-async def test_a_crash_kills_every_descendant(crash: str) -> None:
+@pytest.mark.parametrize(("crash", "status"), [("exit_now", 1), ("kill_self", 128 + 9)])
+async def test_a_crash_kills_every_descendant(crash: str, status: int) -> None:
     async with Host.open(LAB) as host:
         pids = await _spawn_both(host)
-        with pytest.raises(CapsuleCrashed):
+        with pytest.raises(CapsuleCrashed) as info:
             await host.call(crash)
+        # Why it died, not only that its output ended (that comes first, the status next).
+        assert info.value.reason == f"it exited with status {status}"
         await wait_gone(pids)
         assert await host.call("quick") == "quick"
 
