@@ -716,13 +716,7 @@ class Sandbox:
         driven by hand makes it: one frame out, one back, no future and no trip through the
         loop. Any other task, callback or timer (``gather``, ``wait_for``, ``sleep`` in a
         task) keeps calls on futures, where they run concurrently and can be cancelled."""
-        loop = self._loop
-        return (
-            not self._waiting
-            and loop is not None
-            and not loop._ready  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
-            and not loop._scheduled  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
-        )
+        return not self._waiting and self._loop is not None and not self._loop_busy()
 
     def call_in_place(self, call: ToolCall) -> Any:
         """:meth:`_call_now` from inside the loop; a host that is gone or broke the

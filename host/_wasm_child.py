@@ -73,14 +73,17 @@ def _watch_quota(wasm: ModuleType, limited: list[tuple[str, int]]) -> None:
         started = time.monotonic()
         for folder, quota in limited:
             try:
-                used = str(wasm.disk_usage(folder))
+                used = wasm.disk_usage(folder)
             except OSError as exc:  # never taken for empty
-                used = f"more than it can measure: {exc.strerror or type(exc).__name__}"
-            if not used.isdigit() or int(used) > quota:
-                line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {used})\n"
-                with contextlib.suppress(OSError):
-                    os.write(2, line.encode())
-                os._exit(wasm.QUOTA_EXIT)
+                said = f"more than it can measure: {exc.strerror or type(exc).__name__}"
+            else:
+                if used <= quota:
+                    continue
+                said = str(used)
+            line = f"\n{wasm.QUOTA_PREFIX} of {quota} bytes (it uses {said})\n"
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode())
+            os._exit(wasm.QUOTA_EXIT)
         time.sleep(max(_QUOTA_TICK, 4 * (time.monotonic() - started)))
 
 
