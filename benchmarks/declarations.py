@@ -38,11 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from host import _pyright
-from host._declare import _ROOT, PROBE, probe_source  # pyright: ignore[reportPrivateUsage]
-from host._discovery import discover
-from host._scope_cache import load_or_build_scope
-from host._typeindex import TypeIndex
+from host.declare import _pyright
+from host.declare._build import _ROOT, PROBE, probe_source  # pyright: ignore[reportPrivateUsage]
+from host.declare._cache import load_or_build_scope
+from host.declare._discovery import discover
+from host.declare._typeindex import TypeIndex
 
 SHARED = '''
 """Types shared by the generated tool files."""

@@ -47,7 +47,7 @@ sys.path.insert(0, str(_ROOT))
 
 import msgpack  # noqa: E402  # pyright: ignore[reportMissingTypeStubs]
 
-from host import _wasm  # noqa: E402
+from host.capsules import _wasm  # noqa: E402
 
 _HEADER = struct.Struct(">I")
 

@@ -1,4 +1,4 @@
-"""Turn a tool's return value into plain data, inside the capsule (DESIGN.md section 6).
+"""Turn a tool's return value into plain data, inside the capsule.
 
 Plain data is None, bool, int (64-bit), float, str, bytes, list, and dict with str keys.
 Richer values with an obvious data shape are converted: dataclass, pydantic model,

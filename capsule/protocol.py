@@ -78,7 +78,7 @@ MAX_DEPTH: Final = 512
 HEADER: Final = struct.Struct(">I")
 
 DECODE_RATIO: Final = 16
-"""Most bytes of Python objects one frame may decode to, per byte of the frame (G03)."""
+"""Most bytes of Python objects one frame may decode to, per byte of the frame."""
 
 DECODE_FLOOR: Final = 64 * 1024 * 1024
 """...but any frame may decode to this much: small frames are never counted (see
@@ -141,7 +141,7 @@ def packer() -> Callable[[Any], bytes]:
 def decode(data: bytes | bytearray | memoryview) -> Any:
     """Unpack one msgpack value, strictly. Raises :class:`BadFrame` on any violation.
 
-    What a frame decodes to is bounded (G03): one byte of msgpack can become ~72 bytes of
+    What a frame decodes to is bounded: one byte of msgpack can become ~72 bytes of
     Python objects (an empty map, an empty array) and short strings ~20, so a 16 MiB frame
     of them would take a gigabyte. msgpack caps every string's and container's length by
     the frame's own length (``max_*_len``, set from ``len(data)``, checked in C on each
@@ -302,7 +302,7 @@ def as_map(value: Any) -> dict[str, Any]:
 
     Its :data:`_NAMES` fields, where present, must be strings: a peer's ``"k"`` that is
     a list 1,000 deep would otherwise reach a ``repr`` in an error message and raise
-    ``RecursionError`` there (G04), and one that is unhashable a ``TypeError`` at the
+    ``RecursionError`` there, and one that is unhashable a ``TypeError`` at the
     first lookup, neither of them a :class:`BadFrame`.
     """
     if not isinstance(value, dict):

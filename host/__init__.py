@@ -5,32 +5,21 @@ private and may change.
 """
 
 from . import errors as errors
-from ._approval import Approval as Approval
-from ._approval import ApprovalRequest as ApprovalRequest
-from ._approval import Approver as Approver
-from ._approval import DenyAll as DenyAll
-from ._approval import TerminalApprover as TerminalApprover
-from ._config import Limits as Limits
-from ._config import PolicyConfig as PolicyConfig
-from ._config import load_policy as load_policy
-from ._discovery import Discovery as Discovery
-from ._discovery import ToolSpec as ToolSpec
-from ._discovery import discover as discover
 from ._events import Event as Event
 from ._host import Host as Host
 from ._host import Session as Session
-from ._policy import Decision as Decision
-from ._policy import Policy as Policy
-from ._policy import decide as decide
-from ._sandbox import CodeCall as CodeCall
-from ._sandbox import CodeError as CodeError
-from ._sandbox import CodeResult as CodeResult
-from ._scope import Scope as Scope
-from ._store import DONE as DONE
-from ._store import AuditRecord as AuditRecord
-from ._store import Grant as Grant
-from ._store import SQLiteStore as SQLiteStore
-from ._store import Store as Store
+from .audit import DONE as DONE
+from .audit import AuditRecord as AuditRecord
+from .audit import Grant as Grant
+from .audit import SQLiteStore as SQLiteStore
+from .audit import Store as Store
+from .capsules import CodeCall as CodeCall
+from .capsules import CodeError as CodeError
+from .capsules import CodeResult as CodeResult
+from .declare import Discovery as Discovery
+from .declare import Scope as Scope
+from .declare import ToolSpec as ToolSpec
+from .declare import discover as discover
 from .errors import CallError as CallError
 from .errors import CapsuleCrashed as CapsuleCrashed
 from .errors import DeclarationError as DeclarationError
@@ -46,6 +35,17 @@ from .errors import ToolError as ToolError
 from .errors import ToolTimeout as ToolTimeout
 from .errors import ToolUnavailable as ToolUnavailable
 from .errors import UnknownTool as UnknownTool
+from .policy import Approval as Approval
+from .policy import ApprovalRequest as ApprovalRequest
+from .policy import Approver as Approver
+from .policy import Decision as Decision
+from .policy import DenyAll as DenyAll
+from .policy import Policy as Policy
+from .policy import PolicyConfig as PolicyConfig
+from .policy import TerminalApprover as TerminalApprover
+from .policy import decide as decide
+from .policy import load_policy as load_policy
+from .settings import Limits as Limits
 
 __all__ = (
     # the host

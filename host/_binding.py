@@ -2,8 +2,9 @@
 
 The signature comes from discovery (the host never imports tool modules). Binding maps
 positional arguments to names and applies literal defaults, so policy and approvers see
-every value the tool will receive by name. Each value must be plain data (DESIGN.md
-section 6); the bound map is encoded once, and those bytes are what the capsule receives.
+every value the tool will receive by name. Each value must be plain data (README, "What
+crosses the boundary"); the bound map is encoded once, and those bytes are what the
+capsule receives.
 
 A default is applied here only when it is a literal the wire carries unchanged; any other
 default (``os.sep``, a tuple, a set) is left out and the tool applies it itself.
@@ -17,7 +18,7 @@ from typing import Any, Final, cast
 
 from capsule.protocol import MAX_DEPTH, encode
 
-from ._discovery import (
+from .declare import (
     NO_DEFAULT,
     POSITIONAL_ONLY,
     POSITIONAL_OR_KEYWORD,

@@ -1,7 +1,7 @@
 """Showing arguments to people safely: approval prompts, audit summaries, the CLI.
 
 What a person sees must be what the capsule will run, and nothing in it may hide or
-rewrite the screen (SECURITY_CATALOGUE.md E01-E04, I09):
+rewrite the screen:
 
 * control characters (``\\x1b``, bare ``\\r``, NUL, C1), invisible and bidirectional
   format characters (U+200B, U+202E, U+2066-2069, tags, variation selectors, odd

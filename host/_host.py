@@ -19,22 +19,29 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from ._approval import Approver, default_approver
-from ._config import Limits, PolicyConfig, load_policy
-from ._discovery import Discovery, ToolSpec, discover
 from ._events import EventBus
 from ._mediator import Caller, Mediator
-from ._policy import Policy, PolicySource
-from ._process import minimal_env
-from ._project import Project, resolve_project
-from ._sandbox import CodeResult, CodeSandbox
-from ._scope import Scope
-from ._scope_cache import load_or_build_scope
-from ._store import SQLiteStore, Store, StoreUnavailable
-from ._supervisor import Supervisor
-from ._transport import TransportFactory
-from ._wasm_capsule import tool_capsules
+from .audit import SQLiteStore, Store, StoreUnavailable
+from .capsules import (
+    CodeResult,
+    CodeSandbox,
+    Supervisor,
+    TransportFactory,
+    minimal_env,
+    tool_capsules,
+)
+from .declare import (
+    Discovery,
+    Project,
+    Scope,
+    ToolSpec,
+    discover,
+    load_or_build_scope,
+    resolve_project,
+)
 from .errors import HostError, PolicyFileError
+from .policy import Approver, Policy, PolicyConfig, PolicySource, default_approver, load_policy
+from .settings import Limits
 
 __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
 

@@ -1,4 +1,4 @@
-"""The gate every call passes (DESIGN.md section 3).
+"""The gate every call passes (ARCHITECTURE.md, "The path of one call").
 
 bind -> validate -> decide -> escalate -> audit -> dispatch -> audit the outcome.
 
@@ -23,17 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._approval import Approver, Escalation, Escalations, Ticket
 from ._binding import BoundCall, bind
-from ._config import Caller, PolicyConfig
-from ._discovery import Discovery, ToolSpec
 from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
-from ._policy import Decision, Policy, PolicySource, policy_arguments
-from ._quotas import Quotas, Reservation
-from ._schema import ArgumentValidator
-from ._scope import Scope
-from ._store import DONE, AuditRecord, Outcome, Store, StoreUnavailable
+from .audit import DONE, AuditRecord, Outcome, Store, StoreUnavailable
+from .declare import ArgumentValidator, Discovery, Scope, ToolSpec
 from .errors import (
     CallError,
     HostError,
@@ -42,9 +36,23 @@ from .errors import (
     PolicyDenied,
     UnknownTool,
 )
+from .policy import (
+    Approver,
+    Decision,
+    Escalation,
+    Escalations,
+    Policy,
+    PolicyConfig,
+    PolicySource,
+    Quotas,
+    Reservation,
+    Ticket,
+    policy_arguments,
+)
+from .settings import Caller
 
 if TYPE_CHECKING:
-    from ._supervisor import Supervisor
+    from .capsules import Supervisor
 
 __all__ = ["Caller", "Decision", "Mediator"]
 

@@ -28,7 +28,7 @@ from capsule._convert import NotPlainData, to_plain  # pyright: ignore[reportPri
 from capsule._serve import error_data, split_arguments  # pyright: ignore[reportPrivateUsage]
 
 from ._events import EventBus
-from ._transport import FileReport, LoadReport, LoadRequest, TransportFactory
+from .capsules import FileReport, LoadReport, LoadRequest, TransportFactory
 from .errors import CapsuleCrashed, LimitExceeded, NotSerializable, ToolError, ToolTimeout
 
 __all__ = ["InProcessTransport", "in_process"]

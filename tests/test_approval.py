@@ -30,7 +30,7 @@ from host import (
     PolicyDenied,
     SQLiteStore,
 )
-from host._approval import Ticket
+from host.policy._approval import Ticket
 from host.testing import in_process
 
 pytestmark = pytest.mark.anyio
@@ -606,7 +606,7 @@ async def test_a_store_that_fails_mid_escalation_fails_closed(desk: Callable[...
 
     class NoPending(SQLiteStore):
         async def add_pending(self, pending: Any) -> None:
-            from host._store import StoreUnavailable
+            from host.audit._store import StoreUnavailable
 
             raise StoreUnavailable("disk full")
 

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from host import Host, PolicyDenied, SQLiteStore, ToolError, ToolTimeout, UnknownTool
-from host._store import StoreUnavailable
+from host.audit._store import StoreUnavailable
 from host.testing import in_process
 
 pytestmark = pytest.mark.anyio
@@ -42,7 +42,7 @@ PROBE_TOOLS = {
         def peek() -> dict:
             """What the audit trail says about the newest call, seen from inside a call
             (from another process, as any reader of the project's state sees it)."""
-            from host._store import read_audit
+            from host.audit._store import read_audit
 
             (row,) = read_audit(Path(os.environ["AUDIT_DB"]), 1)
             return {"call_id": row.call_id, "outcome": row.outcome, "decision": row.decision}
@@ -359,7 +359,7 @@ async def test_the_default_durability_is_the_process(probe: Probe) -> None:
 
 def test_a_bad_durability_names_the_field(probe: Probe) -> None:
     from host import PolicyFileError
-    from host._config import load_policy
+    from host.policy._files import load_policy
 
     policy = probe.root / "policy.toml"
     policy.write_text(policy.read_text() + '\n[audit]\ndurability = "disk"\n')

@@ -26,7 +26,7 @@ _SCRIPT = Path(sys.executable).with_name("toolhost")
 TOOLHOST = (
     [str(_SCRIPT)]
     if _SCRIPT.exists()
-    else [sys.executable, "-c", "from host._cli import main; main()"]
+    else [sys.executable, "-c", "from host.cli import main; main()"]
 )
 
 

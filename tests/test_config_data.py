@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from host import PolicyFileError, load_policy
-from host._config import DEFAULT_DATA_QUOTA, CapsulesConfig, DataFolder
-from host._policy import PolicySource
+from host.policy._decide import PolicySource
+from host.settings import DEFAULT_DATA_QUOTA, CapsulesConfig, DataFolder
 
 from .conftest import ROOT
 
@@ -159,7 +159,7 @@ def test_a_reload_naming_a_bad_folder_fails_closed(project: Path) -> None:
 
 def policy_check(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from host._cli import main; main()", "policy", "check", *args],
+        [sys.executable, "-c", "from host.cli import main; main()", "policy", "check", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

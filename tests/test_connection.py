@@ -29,7 +29,7 @@ from host import (
     ToolTimeout,
 )
 from host._events import EventBus
-from host._transport import Connection
+from host.capsules._transport import Connection
 
 pytestmark = pytest.mark.anyio
 

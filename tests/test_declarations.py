@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from host import _pyright
-from host._cli import main
-from host._discovery import discover
-from host._render import HEADER
-from host._scope import Scope
-from host._scope_cache import load_or_build_scope
+from host.cli import main
+from host.declare import _pyright
+from host.declare._cache import load_or_build_scope
+from host.declare._discovery import discover
+from host.declare._render import HEADER
+from host.declare._scope import Scope
 
 from .conftest import AGENT_SRC
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from host import DeclarationError
-from host._discovery import discover
-from host._scope_cache import load_or_build_scope
+from host.declare._cache import load_or_build_scope
+from host.declare._discovery import discover
 
 ERRORS = Path(__file__).parent / "golden" / "errors"
 

@@ -14,11 +14,12 @@ import pydantic
 import pytest
 
 from capsule import _registry
-from host import DeclarationError, Host, InvalidArguments, _pyright
-from host._discovery import discover
-from host._schema import _Validator, input_schema  # pyright: ignore[reportPrivateUsage]
-from host._scope import Scope
-from host._scope_cache import load, load_or_build_scope, scope_key
+from host import DeclarationError, Host, InvalidArguments
+from host.declare import _pyright
+from host.declare._cache import load, load_or_build_scope, scope_key
+from host.declare._discovery import discover
+from host.declare._schema import _Validator, input_schema  # pyright: ignore[reportPrivateUsage]
+from host.declare._scope import Scope
 from host.testing import in_process
 
 from .conftest import AGENT_SRC

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from host import InvalidArguments
-from host._docstrings import parse_docstring
-from host._pyright import (
+from host.declare._docstrings import parse_docstring
+from host.declare._model import FieldDecl, ParamDecl, ToolDecl, TypeDecl
+from host.declare._pyright import (
     Diagnostic,
     declared_type,
     is_fatal,
@@ -19,10 +20,10 @@ from host._pyright import (
     unwrap_coroutine,
     wrapped_return,
 )
-from host._schema import ArgumentValidator, input_schema
-from host._scope import FieldDecl, ParamDecl, Scope, ToolDecl, TypeDecl
-from host._typeexpr import Canonical, Opaque, canonicalise
-from host._typeindex import External, Ref
+from host.declare._schema import ArgumentValidator, input_schema
+from host.declare._scope import Scope
+from host.declare._typeexpr import Canonical, Opaque, canonicalise
+from host.declare._typeindex import External, Ref
 
 # -- what pyright prints ---------------------------------------------------------------
 
@@ -301,7 +302,7 @@ _VALUES: list[Any] = [
 
 @pytest.mark.parametrize("schema", _FAST_SCHEMAS)
 def test_the_fast_path_accepts_exactly_what_jsonschema_accepts(schema: dict[str, Any]) -> None:
-    from host._schema import _fast, _Validator  # pyright: ignore[reportPrivateUsage]
+    from host.declare._schema import _fast, _Validator  # pyright: ignore[reportPrivateUsage]
 
     fast = _fast(schema)
     assert fast is not None

@@ -84,7 +84,7 @@ async def test_a_recursive_type_with_a_deep_argument_is_invalid_arguments(
 
 
 def test_the_command_line_prints_a_result_as_deep_as_the_wire_allows() -> None:
-    from host._cli import _dumps  # pyright: ignore[reportPrivateUsage]
+    from host.cli._common import dumps as _dumps
 
     deepest = {"v": nest(MAX_DEPTH - 1), "b": b"\x00"}
     assert '{"$bytes": "AA=="}' in _dumps(deepest)

@@ -17,7 +17,7 @@ import pytest
 
 from capsule import _registry
 from host import DeclarationError, Discovery, ToolSpec, discover
-from host._discovery import (
+from host.declare._discovery import (
     HOST_GLOBALS,
     KEYWORD_ONLY,
     NO_DEFAULT,

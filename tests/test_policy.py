@@ -15,9 +15,9 @@ import pytest
 
 from host import Decision, Policy, PolicyConfig, PolicyFileError, decide, load_policy
 from host._binding import bind
-from host._config import Caller
-from host._discovery import discover
-from host._policy import policy_arguments, tool_glob, value_glob
+from host.declare._discovery import discover
+from host.policy._decide import policy_arguments, tool_glob, value_glob
+from host.settings import Caller
 
 Load = Callable[..., Policy]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from host import Policy, decide, load_policy
-from host._project import resolve_project
+from host.declare._project import resolve_project
 
 from .conftest import AGENT_SRC, ROOT
 from .test_policy_cli import TOOLHOST

@@ -364,9 +364,9 @@ async def test_a_symlinked_policy_follows_its_target(
 async def test_without_inotify_every_call_checks_the_files(
     desk: Callable[..., Desk], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import host._policy
+    import host.policy._decide
 
-    monkeypatch.setattr(host._policy, "open_watch", lambda paths: None)
+    monkeypatch.setattr(host.policy._decide, "open_watch", lambda paths: None)
     d = desk(policy=policy("", app="allow"))
     async with d.open() as opened:
         assert await opened.call("read") == "read"

@@ -1,4 +1,4 @@
-"""The sandbox's pipe from the host's side (``host._sandbox._Guest``), over a bare pipe.
+"""The sandbox's pipe from the host's side (``host.capsules._sandbox._Guest``), over a bare pipe.
 
 No guest runs here: the test writes what a guest would, and checks that frames come out
 whole and in order however the bytes arrive, that a broken stream is a ``BadFrame``, that
@@ -20,8 +20,8 @@ import anyio.lowlevel
 import pytest
 
 from capsule import protocol as p
-from host import _sandbox  # pyright: ignore[reportPrivateUsage]
-from host._sandbox import _Guest  # pyright: ignore[reportPrivateUsage]
+from host.capsules import _sandbox  # pyright: ignore[reportPrivateUsage]
+from host.capsules._sandbox import _Guest  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from host import AuditRecord, Grant, SQLiteStore
-from host._store import DONE, PendingApproval, StoreUnavailable, read_audit
+from host.audit._store import DONE, PendingApproval, StoreUnavailable, read_audit
 
 pytestmark = pytest.mark.anyio
 
@@ -196,7 +196,7 @@ async def test_a_store_that_cannot_open(tmp_path: Path) -> None:
 
 
 async def test_a_record_is_in_the_journal_when_record_returns(tmp_path: Path) -> None:
-    from host import _journal
+    from host.audit import _journal
 
     store = SQLiteStore(tmp_path / "state.db", interval=3600)  # nothing reaches SQLite
     await store.start("h1")
@@ -222,7 +222,7 @@ async def test_a_record_is_in_the_journal_when_record_returns(tmp_path: Path) ->
 async def test_power_durability_syncs_decisions_and_shares_the_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from host import _journal
+    from host.audit import _journal
 
     syncs: list[float] = []
     original = _journal.Journal.sync
@@ -269,7 +269,7 @@ async def test_a_call_id_is_open_once_and_outcomes_are_kept(store: SQLiteStore) 
 
 
 async def test_a_dead_hosts_journal_is_replayed(tmp_path: Path) -> None:
-    from host import _journal
+    from host.audit import _journal
 
     dead = SQLiteStore(tmp_path / "state.db", interval=3600)
     await dead.start("dead")
@@ -314,7 +314,7 @@ async def test_lock_files_of_dead_hosts_are_removed(tmp_path: Path) -> None:
 
 
 def test_a_torn_or_corrupt_journal_is_read_up_to_the_damage(tmp_path: Path) -> None:
-    from host import _journal
+    from host.audit import _journal
 
     journal = _journal.Journal(tmp_path, "h1")
     rows = [[_journal.ROW, f"h1.{i}", *[None] * (len(_journal.COLUMNS) - 1)] for i in range(5)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from host import _wasm
+from host.capsules import _wasm
 
 pytestmark = [pytest.mark.wasm]
 

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from host import CapsuleCrashed, Host, HostError, ToolError, ToolUnavailable
-from host._wasm import disk_usage
+from host.capsules._wasm import disk_usage
 
 from .test_wasm import wasm_prepared
 

@@ -17,7 +17,8 @@ import anyio
 import psutil
 import pytest
 
-from host import Host, HostError, _forkserver, _wasm
+from host import Host, HostError
+from host.capsules import _forkserver, _wasm
 
 from .conftest import ROOT
 from .fixtures.e2e.helpers import sigkill_host_script, wait_gone, wait_until

@@ -1,0 +1,774 @@
+"""The host's durable state: the audit trail, remembered grants, pending approvals.
+
+:class:`Store` is the small interface the mediator writes through; :class:`SQLiteStore`
+implements it on one SQLite file in WAL mode (``.agent/state.db`` of the project). A
+PostgreSQL implementation, for hosts that share approvals across machines, only has to
+provide the same methods.
+
+The audit contract (ARCHITECTURE.md, "The path of one call"):
+
+* a call's decision is written, durably, before the call is dispatched
+  (:meth:`Store.record` with ``durable=True``), and its outcome after
+  (:meth:`Store.finish`); a call refused before dispatch gets one terminal record;
+* a record left ``started`` by a host that died is closed as ``unknown`` by the next
+  host that opens the store (:meth:`Store.start`). Each host holds a lock file under
+  ``.agent/hosts/`` while it runs, so a live host's open records are never closed;
+* any failure to write raises :class:`StoreUnavailable`; the mediator then refuses the
+  call (fail closed). Nothing here ever sees raw argument values: records carry a hash,
+  a size and a redacted, bounded summary made by the caller.
+
+:class:`SQLiteStore` makes an audit record durable by appending it to a memory-mapped
+journal (``host/_journal.py``): about a microsecond on the event loop's thread, and safe
+from the moment it returns against the host being killed or crashing. A thread of its own
+moves the records into SQLite in batches. With ``durability="power"`` a decision also
+waits for the journal to reach the disk (``msync``; calls in flight together share one).
+Other SQLite work runs on a worker thread (one at a time), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+
+import anyio
+
+from . import _journal
+from ._journal import COLUMNS, END, ROW, Ingester, Journal
+
+__all__ = [
+    "DONE",
+    "AuditRecord",
+    "Durability",
+    "Grant",
+    "PendingApproval",
+    "Store",
+    "SQLiteStore",
+    "StoreUnavailable",
+    "Outcome",
+]
+
+_BACKLOG = 64 << 20
+"""Journal bytes the database may lag behind before new calls are refused."""
+
+Outcome = Literal["started", "ok", "denied", "failed", "unknown"]
+"""``started`` until the call ends; then exactly one terminal outcome."""
+
+Durability = Literal["process", "power"]
+"""What a decision written before dispatch survives: the host process being killed or
+crashing (``process``), or also a power cut or kernel crash (``power``: a disk sync)."""
+
+
+class _Done:
+    """An awaitable that is already done: what a write that finished at once returns."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: Any = _Done()
+"""Returned by :meth:`Store.record`/:meth:`Store.finish` when the write is already as
+durable as asked; the mediator then has nothing to wait for."""
+
+_T = TypeVar("_T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    call_id TEXT NOT NULL UNIQUE,
+    host_id TEXT NOT NULL,
+    started REAL NOT NULL,
+    ended REAL,
+    session TEXT NOT NULL,
+    caller TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    policy_version TEXT,
+    decision TEXT,
+    rule TEXT,
+    approval TEXT,
+    args_sha256 TEXT,
+    args_size INTEGER,
+    args_summary TEXT,
+    outcome TEXT NOT NULL,
+    error_kind TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS audit_open ON audit (host_id) WHERE outcome = 'started';
+CREATE TABLE IF NOT EXISTS grants (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL,
+    tool TEXT NOT NULL,
+    caller TEXT NOT NULL,
+    args_sha256 TEXT,
+    allow INTEGER NOT NULL,
+    rule TEXT,
+    summary TEXT,
+    revoked REAL
+);
+CREATE INDEX IF NOT EXISTS grants_tool ON grants (tool, caller) WHERE revoked IS NULL;
+CREATE TABLE IF NOT EXISTS pending (
+    id TEXT PRIMARY KEY,
+    host_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    expires REAL NOT NULL,
+    call_id TEXT NOT NULL,
+    session TEXT NOT NULL,
+    caller TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    rule TEXT,
+    reason TEXT,
+    args_sha256 TEXT NOT NULL,
+    rendered TEXT NOT NULL
+);
+PRAGMA user_version = 1;
+"""
+
+
+class StoreUnavailable(Exception):
+    """The state database cannot be read or written; the message says why."""
+
+
+class AuditRecord(NamedTuple):
+    """One call in the audit trail. Argument values never appear: only hash and summary.
+
+    Immutable (a named tuple: one is made for every call, so it must be cheap to make);
+    ``record._replace(field=...)`` gives a changed copy. The fields before ``seq`` are the
+    ``audit`` table's columns in order.
+    """
+
+    call_id: str
+    host_id: str
+    started: float
+    """Unix time the call was received."""
+    session: str
+    caller: str
+    tool: str
+    """The canonical tool name, or the requested name (escaped, bounded) if unknown."""
+    outcome: Outcome
+    policy_version: str | None = None
+    decision: str | None = None
+    """``allow``, ``deny`` or ``escalate``; ``None`` when refused before policy."""
+    rule: str | None = None
+    approval: str | None = None
+    """How an escalation was answered (``once``, ``session``, ``always``, ``grant 3``, ...)."""
+    args_sha256: str | None = None
+    args_size: int | None = None
+    args_summary: str | None = None
+    """A redacted, bounded JSON summary of the arguments."""
+    ended: float | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    seq: int | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+if AuditRecord._fields[:-1] != COLUMNS:  # the journal writes records as tuples
+    raise ImportError("AuditRecord's fields and the audit journal's columns disagree")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A remembered answer to an escalation: ``allow`` or deny, for a tool and caller."""
+
+    tool: str
+    caller: str
+    allow: bool
+    args_sha256: str | None
+    """The exact arguments it covers; ``None``: every call of the tool."""
+    created: float = 0.0
+    rule: str | None = None
+    summary: str | None = None
+    """A redacted summary of the arguments it was given for."""
+    id: int | None = None
+    session: str | None = None
+    """Set for a grant that lasts one session (kept in memory, never stored)."""
+
+    @property
+    def scope(self) -> Literal["call", "tool"]:
+        return "tool" if self.args_sha256 is None else "call"
+
+    def covers(self, tool: str, caller: str, args_sha256: str) -> bool:
+        return (
+            self.tool == tool
+            and self.caller == caller
+            and (self.args_sha256 is None or self.args_sha256 == args_sha256)
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["scope"] = self.scope
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """An escalation waiting for its answer (for inboxes in other processes)."""
+
+    id: str
+    host_id: str
+    created: float
+    expires: float
+    call_id: str
+    session: str
+    caller: str
+    tool: str
+    rule: str | None
+    reason: str | None
+    args_sha256: str
+    rendered: str
+
+    def to_data(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Store(Protocol):
+    """What the host needs from its state database. Every method may raise
+    :class:`StoreUnavailable`."""
+
+    async def start(self, host_id: str) -> int:
+        """Open for the host ``host_id``; close records of dead hosts as ``unknown``.
+
+        Returns how many records were closed.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
+        """Add one audit record. The returned awaitable is done once it is durable
+        (with ``durable``: safe for the call to be dispatched); return :data:`DONE` when
+        it already is. A plain ``async def`` implementation is fine too."""
+        ...
+
+    def finish(
+        self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
+    ) -> Awaitable[None]:
+        """Close a ``started`` record with its outcome (awaitable as :meth:`record`)."""
+        ...
+
+    async def tail(self, count: int) -> list[AuditRecord]:
+        """The last ``count`` records, oldest first."""
+        ...
+
+    async def add_grant(self, grant: Grant) -> Grant:
+        """Persist an ``always`` grant; returns it with its id."""
+        ...
+
+    async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Grant]:
+        """The live grants covering this exact call."""
+        ...
+
+    async def grants(self) -> list[Grant]:
+        """Every live grant, oldest first."""
+        ...
+
+    async def revoke_grant(self, grant_id: int) -> bool:
+        """Revoke a grant; False if there is no live grant with that id."""
+        ...
+
+    async def add_pending(self, pending: PendingApproval) -> None: ...
+
+    async def remove_pending(self, pending_id: str) -> None: ...
+
+    async def pending(self) -> list[PendingApproval]: ...
+
+
+# -- host liveness: one locked file per running host ---------------------------------------
+
+if sys.platform != "win32":
+    import fcntl
+
+    def _lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+else:  # pragma: no cover - no advisory locks: other hosts' records are left open
+
+    def _lock(fd: int) -> bool:
+        del fd
+        return False
+
+
+class _HostLock:
+    """A file under ``hosts/`` locked while the host runs; the OS drops it when we die."""
+
+    def __init__(self, folder: Path, host_id: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{host_id}.lock"
+        # Locked before it appears under its name, so no other host ever sees it unlocked.
+        hidden = folder / f".{host_id}.{os.getpid()}.tmp"
+        self._fd: int | None = os.open(hidden, os.O_CREAT | os.O_RDWR, 0o600)
+        _lock(self._fd)
+        os.replace(hidden, self.path)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(fd)
+
+    @staticmethod
+    def is_dead(folder: Path, host_id: str) -> bool:
+        """True when no running host holds ``host_id``'s lock (its file is then removed)."""
+        path = folder / f"{host_id}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return True
+        try:
+            if not _lock(fd):
+                return False
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return True
+        finally:
+            os.close(fd)
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+
+def _columns(row: sqlite3.Row) -> dict[str, Any]:
+    return {k: row[k] for k in row.keys()}  # noqa: SIM118 - a Row iterates its values
+
+
+def _audit(row: sqlite3.Row) -> AuditRecord:
+    return AuditRecord(**_columns(row))
+
+
+def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[AuditRecord]:
+    """The last ``count`` audit records, oldest first, from the database and the journals
+    (of running hosts, or of dead ones not yet replayed) under ``journals``."""
+    count = max(count, 0)
+    rows = conn.execute("SELECT * FROM audit ORDER BY seq DESC LIMIT ?", (count,)).fetchall()
+    records = {r.call_id: r for r in (_audit(row) for row in reversed(rows))}
+    fresh: dict[str, AuditRecord] = {}
+    ends: dict[str, list[Any]] = {}
+    for paths in _journal.segments(journals).values():
+        for path in paths:
+            for entry in _journal.read_segment(path):
+                if entry[0] == ROW:
+                    fresh[entry[1]] = AuditRecord(*entry[1:])
+                else:
+                    ends[entry[1]] = entry
+    if fresh:  # journaled rows that already reached the database are the database's
+        ids = list(fresh)
+        for at in range(0, len(ids), 500):
+            chunk = ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            for (call_id,) in conn.execute(
+                f"SELECT call_id FROM audit WHERE call_id IN ({marks})", chunk
+            ):
+                fresh.pop(call_id, None)
+    merged = list(records.values()) + list(fresh.values())
+    out: list[AuditRecord] = []
+    for record in merged[len(merged) - count :] if count else []:
+        end = ends.get(record.call_id)
+        if end is not None and record.outcome == "started":
+            record = record._replace(outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
+        out.append(record)
+    return out
+
+
+def read_audit(path: Path, count: int) -> list[AuditRecord]:
+    """The last ``count`` records of the audit trail of the database at ``path`` as any
+    reader sees it, journals of running hosts included (read-only; any process)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return tail_audit(conn, path.parent / "journal", count)
+    finally:
+        conn.close()
+
+
+def _grant(row: sqlite3.Row) -> Grant:
+    return Grant(
+        id=row["id"],
+        created=row["created"],
+        tool=row["tool"],
+        caller=row["caller"],
+        args_sha256=row["args_sha256"],
+        allow=bool(row["allow"]),
+        rule=row["rule"],
+        summary=row["summary"],
+    )
+
+
+class SQLiteStore:
+    """The :class:`Store` on one SQLite file in WAL mode.
+
+    Audit records go to a journal first (``journal/`` beside the database) and reach the
+    database within ``interval`` seconds; :meth:`tail`, and any reader using it, sees them
+    at once either way.
+
+    Args:
+        path: the database file (created with its folder).
+        durability: ``"process"`` (the default): a decision is in the operating system's
+            hands before its call is dispatched, so a host that is killed or crashes loses
+            nothing, at about a microsecond per record. ``"power"``: it is also on the disk
+            (an ``msync`` of the journal, shared by the calls in flight together, a few
+            milliseconds here), so it survives a power cut too.
+        busy_timeout: seconds to wait for another process holding the write lock.
+        interval: seconds between the journal's batches into the database.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "process",
+        busy_timeout: float = 5.0,
+        interval: float = 0.05,
+    ) -> None:
+        if durability not in ("process", "power"):
+            raise ValueError(f"durability must be 'process' or 'power', not {durability!r}")
+        self.path = Path(path)
+        self.durability: Durability = durability
+        self._busy_timeout = busy_timeout
+        self._interval = interval
+        self._conn: sqlite3.Connection | None = None
+        self._limiter = anyio.CapacityLimiter(1)
+        self._lock: _HostLock | None = None
+        self._journal: Journal | None = None
+        self._ingester: Ingester | None = None
+        self._open: set[str] = set()
+        """Call ids recorded as ``started`` and not yet finished."""
+        self._appended = 0
+        self._synced = 0
+        self._syncing: anyio.Event | None = None
+        self.host_id: str | None = None
+
+    def __repr__(self) -> str:
+        state = "open" if self._conn is not None else "closed"
+        return f"<SQLiteStore {self.path} {state}>"
+
+    @property
+    def _hosts(self) -> Path:
+        return self.path.parent / "hosts"
+
+    @property
+    def _journals(self) -> Path:
+        return self.path.parent / "journal"
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        def work() -> _T:
+            conn = self._conn
+            if conn is None:
+                raise StoreUnavailable(f"the state database {self.path} is not open")
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.rollback()
+                raise StoreUnavailable(f"the state database {self.path} failed: {exc}") from exc
+            except OSError as exc:
+                raise StoreUnavailable(f"the state database {self.path} failed: {exc}") from exc
+
+        return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout,
+            isolation_level=None,  # explicit transactions only
+            check_same_thread=False,  # one worker thread at a time, under the limiter
+        )
+        conn.row_factory = sqlite3.Row
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise StoreUnavailable(f"{self.path}: cannot switch to WAL mode (got {mode})")
+        sync = "FULL" if self.durability == "power" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
+        conn.executescript(_SCHEMA)
+        return conn
+
+    async def start(self, host_id: str) -> int:
+        def open_and_reconcile() -> int:
+            try:
+                self._conn = self._connect()
+                self._lock = _HostLock(self._hosts, host_id)
+                self._journal = Journal(
+                    self._journals, host_id, sync_dirs=self.durability == "power"
+                )
+            except (sqlite3.Error, OSError) as exc:
+                raise StoreUnavailable(
+                    f"cannot open the state database {self.path}: {exc}"
+                ) from exc
+            self.host_id = host_id
+            return 0
+
+        await anyio.to_thread.run_sync(open_and_reconcile, limiter=self._limiter)
+        closed = await self.reconcile()
+        try:
+            self._ingester = await anyio.to_thread.run_sync(self._start_writer, host_id)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot start the audit writer: {exc}") from exc
+        return closed
+
+    def _start_writer(self, host_id: str) -> Ingester:
+        return Ingester(
+            self.path,
+            self._journals,
+            host_id,
+            interval=self._interval,
+            busy_timeout=self._busy_timeout,
+            durability=self.durability,
+        )
+
+    async def reconcile(self) -> int:
+        """Close the open records and pending approvals of every host that is gone."""
+        mine = self.host_id
+
+        def work(conn: sqlite3.Connection) -> int:
+            journals = _journal.segments(self._journals)
+            for host, paths in journals.items():  # records that never reached the database
+                if host != mine and _HostLock.is_dead(self._hosts, host):
+                    _journal.replay(conn, paths)
+            hosts = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT DISTINCT host_id FROM audit WHERE outcome = 'started' "
+                    "UNION SELECT DISTINCT host_id FROM pending"
+                )
+            ]
+            dead = [h for h in hosts if h != mine and _HostLock.is_dead(self._hosts, h)]
+            closed = 0
+            now = time.time()
+            for host in dead:
+                conn.execute("BEGIN IMMEDIATE")
+                cursor = conn.execute(
+                    "UPDATE audit SET outcome = 'unknown', ended = ?, error_kind = "
+                    "'host_stopped', error = ? WHERE host_id = ? AND outcome = 'started'",
+                    (now, "the host stopped before the outcome was recorded", host),
+                )
+                closed += cursor.rowcount
+                conn.execute("DELETE FROM pending WHERE host_id = ?", (host,))
+                conn.execute("COMMIT")
+            for stale in self._hosts.glob("*.lock"):  # hosts that died with nothing open
+                if stale.stem != mine:
+                    _HostLock.is_dead(self._hosts, stale.stem)
+            return closed
+
+        return await self._run(work)
+
+    async def aclose(self) -> None:
+        journal, self._journal = self._journal, None
+        ingester, self._ingester = self._ingester, None
+        if journal is not None:
+            journal.close()
+        if ingester is not None:  # it writes the rest and removes the journal
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ingester.stop, self._busy_timeout + 5.0)
+
+        def close() -> None:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("DELETE FROM pending WHERE host_id = ?", (self.host_id,))
+                conn.close()
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
+
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(close, limiter=self._limiter)
+
+    # -- audit ---------------------------------------------------------------------------
+
+    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
+        journal, ingester = self._journal, self._ingester
+        if journal is None or ingester is None:
+            raise StoreUnavailable(f"the state database {self.path} is not open")
+        call_id = record.call_id
+        if durable:  # a decision: nothing runs unless the whole trail is healthy
+            if ingester.error is not None:
+                raise StoreUnavailable(ingester.error)
+            if ingester.behind(journal.position) > _BACKLOG:
+                raise StoreUnavailable(
+                    "the audit database is more than "
+                    f"{_BACKLOG >> 20} MiB of records behind the journal"
+                )
+        if call_id in self._open:
+            raise StoreUnavailable(f"the call id {call_id} is already in the audit trail")
+        entry = [ROW, *record]
+        del entry[-1]  # seq: the database numbers the rows
+        self._append(journal, entry)
+        if record.outcome == "started":
+            self._open.add(call_id)
+        if durable and self.durability == "power":
+            return self._sync(journal)
+        return DONE
+
+    def finish(
+        self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
+    ) -> Awaitable[None]:
+        journal, ingester = self._journal, self._ingester
+        if journal is None or ingester is None:
+            raise StoreUnavailable(f"the state database {self.path} is not open")
+        if call_id not in self._open:
+            return DONE  # never started here, or already closed: a terminal outcome stays
+        entry = [END, call_id, outcome, time.time(), error_kind, error]
+        self._append(journal, entry)
+        self._open.discard(call_id)
+        return DONE
+
+    def _append(self, journal: Journal, entry: list[Any]) -> None:
+        try:
+            journal.append(entry)
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"the audit journal cannot be written: {exc}") from exc
+        self._appended += 1
+
+    async def _sync(self, journal: Journal) -> None:
+        """Wait until everything appended so far is on the disk; one ``msync`` serves every
+        call that arrives while another runs."""
+        target = self._appended
+        while self._synced < target:
+            running = self._syncing
+            if running is not None:
+                await running.wait()
+                continue
+            self._syncing = done = anyio.Event()
+            upto = self._appended
+            try:
+                with anyio.CancelScope(shield=True):  # followers depend on it
+                    await anyio.to_thread.run_sync(journal.sync)
+            except (OSError, ValueError) as exc:
+                raise StoreUnavailable(f"the audit journal cannot be synced: {exc}") from exc
+            else:
+                self._synced = max(self._synced, upto)
+            finally:
+                self._syncing = None
+                done.set()
+
+    async def flush(self) -> None:
+        """Wait until every record so far is in the database (raises
+        :class:`StoreUnavailable` if it cannot be written within ``busy_timeout``)."""
+        ingester, journal = self._ingester, self._journal
+        if ingester is None or journal is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(
+                ingester.drain, journal.position, self._busy_timeout + 1.0
+            )
+        except TimeoutError as exc:
+            raise StoreUnavailable(str(exc)) from None
+
+    async def tail(self, count: int) -> list[AuditRecord]:
+        """The last ``count`` records, oldest first: the database's, with what the journals
+        of running hosts hold that has not reached it yet."""
+        with contextlib.suppress(StoreUnavailable):  # this host's records, numbered, first
+            await self.flush()
+        journals = self._journals
+
+        def work(conn: sqlite3.Connection) -> list[AuditRecord]:
+            return tail_audit(conn, journals, count)
+
+        return await self._run(work)
+
+    # -- grants ----------------------------------------------------------------------------
+
+    async def add_grant(self, grant: Grant) -> Grant:
+        created = grant.created or time.time()
+
+        def work(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            cursor = conn.execute(
+                "INSERT INTO grants (created, tool, caller, args_sha256, allow, rule, summary) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    created,
+                    grant.tool,
+                    grant.caller,
+                    grant.args_sha256,
+                    int(grant.allow),
+                    grant.rule,
+                    grant.summary,
+                ),
+            )
+            conn.execute("COMMIT")
+            return int(cursor.lastrowid or 0)
+
+        grant_id = await self._run(work)
+        return replace(grant, id=grant_id, created=created, session=None)
+
+    async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Grant]:
+        def work(conn: sqlite3.Connection) -> list[Grant]:
+            rows = conn.execute(
+                "SELECT * FROM grants WHERE revoked IS NULL AND tool = ? AND caller = ? "
+                "AND (args_sha256 IS NULL OR args_sha256 = ?) ORDER BY id",
+                (tool, caller, args_sha256),
+            ).fetchall()
+            return [_grant(row) for row in rows]
+
+        return await self._run(work)
+
+    async def grants(self) -> list[Grant]:
+        def work(conn: sqlite3.Connection) -> list[Grant]:
+            rows = conn.execute("SELECT * FROM grants WHERE revoked IS NULL ORDER BY id")
+            return [_grant(row) for row in rows.fetchall()]
+
+        return await self._run(work)
+
+    async def revoke_grant(self, grant_id: int) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")
+            cursor = conn.execute(
+                "UPDATE grants SET revoked = ? WHERE id = ? AND revoked IS NULL",
+                (time.time(), grant_id),
+            )
+            conn.execute("COMMIT")
+            return cursor.rowcount > 0
+
+        return await self._run(work)
+
+    # -- pending approvals -----------------------------------------------------------------
+
+    async def add_pending(self, pending: PendingApproval) -> None:
+        data = pending.to_data()
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                f"INSERT INTO pending ({', '.join(data)}) VALUES ({', '.join('?' for _ in data)})",
+                tuple(data.values()),
+            )
+            conn.execute("COMMIT")
+
+        await self._run(work)
+
+    async def remove_pending(self, pending_id: str) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM pending WHERE id = ?", (pending_id,))
+            conn.execute("COMMIT")
+
+        await self._run(work)
+
+    async def pending(self) -> list[PendingApproval]:
+        def work(conn: sqlite3.Connection) -> list[PendingApproval]:
+            rows = conn.execute("SELECT * FROM pending ORDER BY created").fetchall()
+            return [PendingApproval(**_columns(row)) for row in rows]
+
+        return await self._run(work)

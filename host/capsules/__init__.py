@@ -1,0 +1,40 @@
+"""Capsules: the processes tools and agent code run in, and the pipes to them.
+
+Owns the transport interface and its framing client, the event-loop primitives of the
+hot path, process ownership (start, harden, kill a whole tree), the subprocess and Wasm
+tool capsules, the supervisor (timeouts, crashes, restarts), the Wasm runtime and its
+child process and fork server, and the code sandbox (``run_code``).
+
+May import ``settings``, ``declare``, the root helpers ``_binding`` and ``_events``, and
+``capsule.protocol`` (the wire). Never imports ``policy``, ``audit`` or ``cli``: a
+capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path in its own
+process and imports nothing of the host. What other wings may use is listed below.
+"""
+
+from ._process import minimal_env as minimal_env
+from ._sandbox import CodeCall as CodeCall
+from ._sandbox import CodeError as CodeError
+from ._sandbox import CodeResult as CodeResult
+from ._sandbox import CodeSandbox as CodeSandbox
+from ._supervisor import Supervisor as Supervisor
+from ._transport import FileReport as FileReport
+from ._transport import LoadReport as LoadReport
+from ._transport import LoadRequest as LoadRequest
+from ._transport import TransportFactory as TransportFactory
+from ._wasm_capsule import capsule_of as capsule_of
+from ._wasm_capsule import tool_capsules as tool_capsules
+
+__all__ = [
+    "minimal_env",
+    "CodeCall",
+    "CodeError",
+    "CodeResult",
+    "CodeSandbox",
+    "Supervisor",
+    "FileReport",
+    "LoadReport",
+    "LoadRequest",
+    "TransportFactory",
+    "capsule_of",
+    "tool_capsules",
+]

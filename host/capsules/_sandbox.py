@@ -1,0 +1,889 @@
+"""Agent code in a sandbox: ``session.run_code(source)`` -> :class:`CodeResult`.
+
+Each session has one code sandbox, started on its first run: a Wasm guest (CPython-WASI
+under wasmtime, one process per guest, forked by the host's fork server while any
+sandbox holds a lease on it: ``host/_forkserver.py``) or, when ``[capsules] code = "subprocess"``,
+the weaker fallback, a CPython child with rlimits. The guest (``capsule._guest``) runs the
+code with every tool as an awaitable global; each tool call arrives here as a ``use`` frame
+and is made as caller ``agent`` through the session's full mediator. The host decides
+everything from the frame alone: the tool name is looked up, the arguments are bound and
+checked, and nothing the sandbox claims (who it is, what was approved) counts.
+
+Limits (``[limits]``): ``code_timeout`` is sandbox time, measured here; time while a tool
+call is in flight (tools, approvals) does not count. ``code_max_calls`` is counted here.
+``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
+``code_max_output`` caps captured output. A run that hits one fails with ``LimitExceeded``
+naming it; the sandbox is replaced, and the next run is told its variables were lost.
+The replacement (also after ``reset_code``) boots in the background at once, so it is
+usually ready by the time the agent runs code again.
+"""
+
+from __future__ import annotations
+
+import asyncio  # noqa: TID251 - the pipe reader of _Guest, as in _pipes.py
+import contextlib
+import logging
+import os
+import sys
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import sniffio
+from pydantic import BaseModel, ConfigDict, Field
+
+from capsule import protocol as p
+from host._events import Event, EventBus
+from host.declare import ToolSpec
+from host.errors import (
+    HostError,
+    InvalidArguments,
+    NotApproved,
+    PolicyDenied,
+    ToolUnavailable,
+    UnknownTool,
+)
+from host.settings import Limits
+
+from . import _forkserver, _wasm
+from ._process import kill_tree, spawn_piped
+
+__all__ = ["CodeCall", "CodeError", "CodeResult", "CodeSandbox", "SandboxKind"]
+
+logger = logging.getLogger("toolhost.sandbox")
+
+SandboxKind = Literal["wasm", "subprocess"]
+AgentCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
+
+_CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
+_GUEST_MAIN = "from capsule._guest import main; main()"
+_MAX_TEXT = 64 * 1024
+_TICK = 0.05
+_CHUNK = 1 << 18
+_BACKLOG = 4 * 1024 * 1024
+"""Bytes of the guest's output read ahead with nobody reading them: then it waits."""
+_HEADER = p.HEADER
+_FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
+"""Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
+_LOST = "the sandbox was restarted: variables and imports of earlier runs were lost"
+
+_DECISIONS: ContextVar[list[str] | None] = ContextVar("toolhost_code_decisions", default=None)
+"""Set while a tool call from agent code runs: collects the ``policy_decision`` events that
+the mediator emits for it (listeners run in the emitting task, so in this context)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class CodeCall(_Model):
+    """One tool call made by agent code."""
+
+    tool: str
+    """The tool name as the code wrote it (canonical when it resolves)."""
+    decision: Literal["allow", "deny", "escalate"] | None
+    """What policy made of it; None when it never got that far (unknown tool, bad args)."""
+    ok: bool
+    error: str | None = None
+    """The error's kind (``policy_denied``, ``tool_error``, ...) when it failed."""
+
+
+class CodeError(_Model):
+    """Why a run failed. ``traceback`` shows the agent's own code only."""
+
+    kind: str
+    """``exception`` for an ordinary Python exception, else the host error's kind."""
+    type: str
+    message: str
+    traceback: str = ""
+    limit: str | None = None
+    """For ``limit_exceeded``: which limit (``code_timeout``, ``code_memory``, ...)."""
+
+
+class CodeResult(_Model):
+    """What one ``run_code`` did."""
+
+    ok: bool
+    value: Any = None
+    """The value of the last expression, as plain data (None if there was none)."""
+    stdout: str = ""
+    """Captured ``print`` output (and stderr), at most ``code_max_output`` characters."""
+    error: CodeError | None = None
+    calls: list[CodeCall] = Field(default_factory=list[CodeCall])
+    warnings: list[str] = Field(default_factory=list[str])
+    """Things the code should know: calls never awaited, a lost sandbox, a non-plain value."""
+    sandbox: SandboxKind = "wasm"
+
+
+class _Dead(Exception):
+    """Internal: the guest's pipes are closed."""
+
+
+class _Guest:
+    """One sandbox child process and its pipes.
+
+    Its output is read as it arrives and split into frames (:meth:`next` decodes them):
+    on asyncio by a reader callback that stays registered with the loop, as
+    ``host/_pipes.py`` reads capsules (``anyio.wait_readable`` registers and unregisters
+    the pipe for every wait, and a callback that only wakes the reader runs again, with
+    the pipe still unread, before the reader does). It stops reading while more than
+    :data:`_BACKLOG` bytes wait with nobody reading them (the guest then blocks on its
+    full pipe), and reads again when :meth:`next` runs out. On trio, whose wait is cheap,
+    :meth:`next` waits and reads itself.
+    """
+
+    def __init__(self, process: anyio.abc.Process, write_fd: int, read_fd: int) -> None:
+        os.set_blocking(write_fd, False)
+        os.set_blocking(read_fd, False)
+        self.process = process
+        self._wfd = write_fd
+        self._rfd = read_fd
+        self._decoder = p.FrameDecoder(p.MAX_FRAME)
+        self._ready: deque[bytes] = deque()
+        self._held = 0
+        """Bytes of the frames in ``_ready``."""
+        self._ended = False
+        """The read pipe reached EOF (or failed) or broke the framing (``_broken``)."""
+        self._broken: p.BadFrame | None = None
+        self._pack = p.packer()
+        self._wlock = anyio.Lock()
+        self.stderr_tail = bytearray()
+        self.killed: str | None = None
+        self.exited = anyio.Event()
+        self.closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The asyncio loop whose reader callback reads the pipe, while one does."""
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.killed is None and not self.closed and self.process.returncode is None
+
+    async def send(self, value: dict[str, Any]) -> None:
+        body = self._pack(value)
+        data = _HEADER.pack(len(body)) + body
+        lock = self._wlock
+        if self.closed:
+            raise _Dead
+        if not lock.locked():
+            # Nobody else is writing (the usual case): a small frame goes out in one write,
+            # with no lock taken; only the rest of a partial write holds it.
+            try:
+                written = os.write(self._wfd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                raise _Dead from None
+            if written == len(data):
+                return
+            lock.acquire_nowait()  # free: nothing was awaited since locked()
+        else:
+            written = 0
+            await lock.acquire()
+        view = memoryview(data)[written:]
+        try:
+            while view:
+                if self.closed:
+                    raise _Dead
+                try:
+                    view = view[os.write(self._wfd, view) :]
+                except BlockingIOError:
+                    try:
+                        await anyio.wait_writable(self._wfd)
+                    except anyio.ClosedResourceError:
+                        raise _Dead from None
+                except OSError:
+                    raise _Dead from None
+        finally:
+            lock.release()
+
+    async def next(self) -> dict[str, Any] | None:
+        """The next frame from the guest; None once its output is closed.
+
+        Raises:
+            p.BadFrame: the frame, or the framing of the stream, breaks the wire rules.
+        """
+        ready = self._ready
+        while not ready:
+            if self._broken is not None:
+                raise self._broken
+            if self._ended or self.closed:
+                return None
+            if not await self._more():  # closed by aclose() while a run reads
+                return None
+        body = ready.popleft()
+        self._held -= len(body)
+        return p.as_map(p.decode(body))
+
+    async def _more(self) -> bool:
+        """Wait for more of the guest's output; False if the pipe was closed meanwhile."""
+        loop = self._loop
+        if loop is None:
+            if sniffio.current_async_library() == "asyncio":
+                loop = asyncio.get_running_loop()
+                try:
+                    loop.add_reader(self._rfd, self._on_readable)
+                except NotImplementedError:  # a loop without readers: anyio's own wait
+                    loop = None
+                else:
+                    self._loop = loop
+            if loop is None:
+                return await self._read_generic()
+        if self._waiter is not None:  # as anyio's wait would: one reader at a time
+            raise anyio.BusyResourceError("reading from")
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+        return not self.closed
+
+    async def _read_generic(self) -> bool:
+        # Wait first: after a frame the pipe is most likely empty, and a read that fails
+        # with EAGAIN costs a system call and an exception.
+        try:
+            await anyio.wait_readable(self._rfd)
+        except anyio.ClosedResourceError:
+            return False
+        if self.closed:
+            return False
+        self._read()
+        return True
+
+    def _read(self) -> None:
+        """Read one chunk from the pipe and split it into frames."""
+        try:
+            data = os.read(self._rfd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._ended = True
+            return
+        try:
+            bodies = self._decoder.feed(data)
+        except p.BadFrame as exc:  # raised by next() once the frames split off before are read
+            self._broken = exc
+            self._ended = True
+            return
+        for body in bodies:
+            self._held += len(body)
+            self._ready.append(body)
+
+    def _on_readable(self) -> None:
+        self._read()
+        if self._ended:
+            self._unwatch()  # else a pipe at EOF is readable on every loop iteration
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if self._ready or self._ended:
+                waiter.set_result(None)
+        elif self._held + self._decoder.pending > _BACKLOG:
+            self._unwatch()  # nobody reads: next() watches again when it runs out
+
+    def _unwatch(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.remove_reader(self._rfd)
+
+    def kill(self, reason: str) -> None:
+        if self.killed is None:
+            self.killed = reason
+        kill_tree(self.process.pid)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._unwatch()  # before the descriptor is closed (and its number reused)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        for fd in (self._wfd, self._rfd):
+            anyio.notify_closing(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def exit_reason(self) -> str:
+        code = self.process.returncode
+        tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()
+        trap = [line for line in tail if line.startswith(_wasm.TRAP_PREFIX)]
+        if trap:
+            return "the guest trapped: " + trap[-1][len(_wasm.TRAP_PREFIX) :]
+        if code is None:
+            return "it stopped answering"
+        if code < 0:
+            return f"it was killed by signal {-code}"
+        return f"it exited with status {code}"
+
+
+class _Spare:
+    """A replacement sandbox booting in the background after one was discarded."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.guest: _Guest | None = None
+
+
+_CallRecord = tuple[str, Literal["allow", "deny", "escalate"] | None, bool, str | None]
+"""A :class:`CodeCall`'s fields: tool, decision, ok, error."""
+
+
+class _Run:
+    """The host's view of one run in progress."""
+
+    def __init__(self, run_id: int) -> None:
+        self.id = run_id
+        self.inflight = 0
+        self.calls: list[_CallRecord] = []
+        """The calls made, as the fields of their :class:`CodeCall` (see :meth:`records`)."""
+        self.made = 0
+        self.scopes: dict[int, anyio.CancelScope] = {}
+        self.done: dict[str, Any] | None = None
+        self.failure: CodeError | None = None
+
+    def records(self) -> list[CodeCall]:
+        """The calls as the result shows them, built once per distinct call (frozen)."""
+        built: dict[_CallRecord, CodeCall] = {}
+        out: list[CodeCall] = []
+        for fields in self.calls:
+            call = built.get(fields)
+            if call is None:
+                tool, decision, ok, error = fields
+                call = built[fields] = CodeCall(tool=tool, decision=decision, ok=ok, error=error)
+            out.append(call)
+        return out
+
+
+def _limit(limit: str, message: str) -> CodeError:
+    return CodeError(
+        kind="limit_exceeded",
+        type="LimitExceeded",
+        message=f"limit {limit} exceeded: {message}; {_LOST}",
+        limit=limit,
+    )
+
+
+def _decision(
+    exc: HostError | None, decided: list[str]
+) -> Literal["allow", "deny", "escalate"] | None:
+    """The mediator's decision (from its event), else what the outcome implies."""
+    for decision in decided:
+        if decision == "allow" or decision == "deny" or decision == "escalate":
+            return decision
+    if exc is None:
+        return "allow"
+    if isinstance(exc, PolicyDenied):
+        return "deny"
+    if isinstance(exc, NotApproved):
+        return "escalate"
+    if isinstance(exc, (UnknownTool, InvalidArguments)):
+        return None
+    return "allow"
+
+
+def _error_for_guest(exc: HostError) -> dict[str, Any]:
+    """The error as the agent's code may see it: its own fields, no host traceback."""
+    data: dict[str, Any] = {}
+    for key, value in exc.to_data().items():
+        if key == "traceback":
+            continue  # a tool's traceback names host paths: the agent gets type and message
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            data[key] = value[:_MAX_TEXT] if isinstance(value, str) else value
+    return data
+
+
+def _str(msg: Mapping[str, Any], key: str, cap: int = _MAX_TEXT) -> str:
+    value = msg.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise p.BadFrame(f"{key!r} must be a string")
+    return value[:cap]
+
+
+class CodeSandbox:
+    """One session's code sandbox: started on first use, replaced after a limit or crash."""
+
+    def __init__(
+        self,
+        *,
+        kind: SandboxKind,
+        tools: Mapping[str, ToolSpec],
+        call: AgentCall,
+        canonical: Callable[[str], str],
+        limits: Limits,
+        events: EventBus,
+        session: str,
+        task_group: anyio.abc.TaskGroup,
+    ) -> None:
+        self.kind: SandboxKind = kind
+        self._tools = tools
+        self._call = call
+        self._canonical = canonical
+        self._limits = limits
+        self._events = events
+        self._session = session
+        self._tg = task_group
+        self._guest: _Guest | None = None
+        self._lock = anyio.Lock()
+        self._runs = 0
+        self._lost = False
+        self._closed = False
+        self.starts = 0
+        self._spare: _Spare | None = None
+        self._lease: _forkserver.Lease | None = None
+        self._unsubscribe = events.subscribe(self._on_event)
+
+    @staticmethod
+    def _on_event(event: Event) -> None:
+        if event.kind == "policy_decision":
+            slot = _DECISIONS.get()
+            if slot is not None:
+                slot.append(str(event.data.get("decision")))
+
+    def __repr__(self) -> str:
+        state = "running" if self._guest is not None and self._guest.alive else "stopped"
+        return f"<CodeSandbox {self.kind} session={self._session} {state} starts={self.starts}>"
+
+    # -- the guest process -------------------------------------------------------------
+
+    async def _spawn(self) -> tuple[anyio.abc.Process, int, int]:
+        if self.kind == "wasm":
+            prepared = await _wasm.prepare()
+            spec = _wasm.GuestSpec(
+                cwasm=prepared.cwasm,
+                argv=_wasm.boot_argv(_GUEST_MAIN),
+                env={"MSGPACK_PUREPYTHON": "1", **_wasm.BOOT_ENV},
+                preopens=[_wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False)],
+                memory=self._limits.code_memory,
+            )
+            if self._closed:
+                raise OSError("the session is closing")
+            if _forkserver.wanted():
+                try:
+                    if self._lease is None:
+                        self._lease = _forkserver.Lease(prepared.cwasm)
+                    return await _forkserver.spawn(self._lease, spec)
+                except (_forkserver.ForkUnavailable, OSError) as exc:  # OSError: no server
+                    if self._closed:
+                        raise OSError("the session is closing") from None
+                    logger.warning("starting the sandbox without the fork server: %s", exc)
+            return await _wasm.spawn_guest(spec)
+        return await self._spawn_subprocess()
+
+    async def _spawn_subprocess(self) -> tuple[anyio.abc.Process, int, int]:
+        """The weaker fallback: a CPython child with rlimits and an empty environment."""
+        memory = self._limits.code_memory + 128 * 1024 * 1024  # the interpreter's own share
+        cpu = int(self._limits.code_timeout) + 5
+        bootstrap = (
+            "import resource as r, sys\n"
+            f"for k, v in ((r.RLIMIT_AS, {memory}), (r.RLIMIT_CPU, {cpu}), "
+            "(r.RLIMIT_NPROC, 0), (r.RLIMIT_NOFILE, 64), (r.RLIMIT_FSIZE, 0), "
+            "(r.RLIMIT_CORE, 0)):\n"
+            "    try: r.setrlimit(k, (v, v))\n"
+            "    except (ValueError, OSError): pass\n"
+            "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"sys.path.insert(0, {_CAPSULE_PARENT!r})\n"
+            "from capsule._harden import drop_privileges; drop_privileges('sandbox')\n"
+            f"{_GUEST_MAIN}\n"
+        )
+        return await spawn_piped(
+            [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
+        )
+
+    async def _start(self) -> _Guest:
+        try:
+            process, wfd, rfd = await self._spawn()
+        except (_wasm.WasmUnavailable, OSError) as exc:
+            raise ToolUnavailable(
+                "run_code", reason=f"the code sandbox cannot start: {exc}"
+            ) from exc
+        guest = _Guest(process, wfd, rfd)
+        self._tg.start_soon(self._watch, guest)
+        tools = [
+            [spec.name, spec.file, spec.export, spec.member, spec.installed]
+            for spec in self._tools.values()
+        ]
+        try:
+            with anyio.fail_after(self._limits.load_timeout):
+                await guest.send(
+                    {
+                        "k": p.K_SETUP,
+                        "tools": tools,
+                        "max_output": self._limits.code_max_output,
+                        "max_argument": self._limits.max_argument_size,
+                    }
+                )
+                msg = await guest.next()
+            if msg is None or msg.get("k") != p.K_READY:
+                raise _Dead
+        except (_Dead, TimeoutError, p.BadFrame) as exc:
+            guest.kill("it failed to start")
+            with anyio.move_on_after(5):
+                await guest.exited.wait()
+            guest.close()  # its pipes, and the loop's reader on one of them
+            reason = guest.stderr_tail.decode("utf-8", "replace")[-2000:]
+            raise ToolUnavailable(
+                "run_code",
+                reason=f"the code sandbox did not start ({type(exc).__name__}): {reason}",
+            ) from None
+        self.starts += 1
+        self._events.emit(
+            "sandbox_started", self._session, sandbox=self.kind, pid=process.pid, restart=self._lost
+        )
+        return guest
+
+    async def _watch(self, guest: _Guest) -> None:
+        """Drain the guest's stderr (console events, bounded) until it exits."""
+        stream = guest.process.stderr
+        assert stream is not None
+        budget = 1024 * 1024
+        try:
+            with contextlib.suppress(
+                anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+            ):
+                while True:
+                    data = await stream.receive(1 << 16)
+                    guest.stderr_tail += data
+                    del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
+                    if budget > 0:
+                        budget -= len(data)
+                        self._events.emit(
+                            "console",
+                            self._session,
+                            stream="stderr",
+                            data=data.decode("utf-8", "replace"),
+                            capsule="sandbox",
+                        )
+        finally:
+            # Also when the host's task group is cancelled: never leave the child running
+            # or its pipes to the garbage collector.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                if guest.process.returncode is None:
+                    kill_tree(guest.process.pid)
+                with contextlib.suppress(
+                    OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await guest.process.aclose()
+            guest.exited.set()
+
+    async def _discard(self, reason: str) -> None:
+        guest, self._guest = self._guest, None
+        if guest is None:
+            return
+        guest.kill(reason)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await guest.exited.wait()
+        guest.close()
+
+    def _prefetch(self) -> None:
+        """Boot the next sandbox now, while the agent thinks, rather than on its next run."""
+        if self._closed or self._spare is not None:
+            return
+        spare = _Spare()
+        self._spare = spare
+        self._tg.start_soon(self._boot_spare, spare)
+
+    async def _boot_spare(self, spare: _Spare) -> None:
+        try:
+            spare.guest = await self._start()
+        except ToolUnavailable:
+            pass  # the next run starts one itself, and reports why it cannot
+        finally:
+            spare.done.set()
+        if self._closed and spare.guest is not None:
+            spare.guest.kill("the session is closing")
+            spare.guest.close()
+
+    async def _fresh(self) -> _Guest:
+        """The prefetched sandbox if there is a good one, else a new one."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await spare.done.wait()
+            if spare.guest is not None:
+                if spare.guest.alive:
+                    return spare.guest
+                spare.guest.kill("it died before its first run")
+                spare.guest.close()
+        return await self._start()
+
+    # -- runs --------------------------------------------------------------------------
+
+    async def run(self, source: str) -> CodeResult:
+        """Run agent code; every failure of the code is in the result, not raised.
+
+        Raises:
+            ToolUnavailable: the sandbox cannot start at all.
+        """
+        if not isinstance(source, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError("run_code takes the source code as a str")
+        async with self._lock:
+            if self._closed:
+                raise ToolUnavailable("run_code", reason="the session is closed")
+            warnings: list[str] = []
+            if self._guest is None or not self._guest.alive:
+                if self._guest is not None:
+                    await self._discard("it died between runs")
+                    self._lost = True
+                self._guest = await self._fresh()
+                if self._lost:
+                    warnings.append(_LOST)
+                    self._lost = False
+            guest = self._guest
+            self._runs += 1
+            run = _Run(self._runs)
+            try:
+                await guest.send({"k": p.K_RUN, "id": run.id, "source": source})
+                await self._drive(guest, run)
+            except _Dead:
+                pass
+            except p.BadFrame as exc:
+                run.failure = CodeError(
+                    kind="protocol_error",
+                    type="ProtocolError",
+                    message=f"the sandbox broke the wire protocol ({exc}); {_LOST}",
+                )
+                self._events.emit("protocol_error", self._session, error=str(exc))
+            return await self._finish(guest, run, warnings)
+
+    async def _finish(self, guest: _Guest, run: _Run, warnings: list[str]) -> CodeResult:
+        done = run.done
+        if run.failure is None and done is None:
+            await self._discard("it died")
+            reason = guest.exit_reason()
+            run.failure = CodeError(
+                kind="capsule_crashed",
+                type="CapsuleCrashed",
+                message=f"the code sandbox crashed ({reason}); {_LOST}",
+            )
+        if run.failure is not None:
+            await self._discard(run.failure.message)
+            self._lost = False  # this result already says so
+            self._prefetch()
+            self._events.emit(
+                "sandbox_reset", self._session, reason=run.failure.message, limit=run.failure.limit
+            )
+            return CodeResult(
+                ok=False,
+                error=run.failure,
+                calls=run.records(),
+                warnings=warnings,
+                sandbox=self.kind,
+            )
+        assert done is not None
+        error: CodeError | None = None
+        raw_error = done.get("error")
+        if raw_error is not None:
+            e = p.as_map(raw_error)
+            limit = e.get("limit")
+            error = CodeError(
+                kind=_str(e, "kind", 64) or "exception",
+                type=_str(e, "type", 200),
+                message=_str(e, "message"),
+                traceback=_str(e, "traceback"),
+                limit=limit if isinstance(limit, str) else None,
+            )
+            if error.kind == "limit_exceeded" and error.limit in ("code_memory", "code_max_output"):
+                # Memory ran out (or output overflowed) inside the guest: its state may be
+                # half-made, so it is replaced, and the result says so.
+                await self._discard(error.message)
+                self._prefetch()
+                self._events.emit(
+                    "sandbox_reset", self._session, reason=error.message, limit=error.limit
+                )
+                error = error.model_copy(
+                    update={"message": f"limit {error.limit} exceeded: {error.message}; {_LOST}"}
+                )
+        raw_warnings: Any = done.get("warnings") or []
+        if not isinstance(raw_warnings, list):
+            raise p.BadFrame("warnings must be a list")
+        items: list[Any] = raw_warnings  # pyright: ignore[reportUnknownVariableType]
+        for item in items[:50]:
+            if isinstance(item, str):
+                warnings.append(item[:1000])
+        value = done.get("value")
+        ok = done.get("ok") is True and error is None
+        return CodeResult(
+            ok=ok,
+            value=value if ok else None,
+            stdout=_str(done, "stdout", self._limits.code_max_output),
+            error=error,
+            calls=run.records(),
+            warnings=warnings,
+            sandbox=self.kind,
+        )
+
+    async def _drive(self, guest: _Guest, run: _Run) -> None:
+        """Serve the run's tool calls until it is done, fails, or hits a limit."""
+        broken: p.BadFrame | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._clock, guest, run)
+            try:
+                await self._serve(guest, run, tg)
+            except p.BadFrame as exc:  # raised outside the group, not wrapped in one
+                broken = exc
+            tg.cancel_scope.cancel()
+        if broken is not None:
+            raise broken
+
+    async def _serve(self, guest: _Guest, run: _Run, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            msg = await guest.next()
+            if msg is None or run.failure is not None:
+                break
+            kind = msg.get("k")
+            if kind == p.K_USE:
+                call_id, tool, args, kwargs = self._check_use(msg)
+                if msg.get("run") != run.id:
+                    continue  # left over from an earlier run: it gets no answer
+                run.made += 1
+                if run.made > self._limits.code_max_calls:
+                    run.failure = _limit(
+                        "code_max_calls",
+                        f"the code made more than {self._limits.code_max_calls} tool calls",
+                    )
+                    guest.kill("too many tool calls")
+                    break
+                run.inflight += 1
+                if msg.get("wait") is True and run.inflight == 1:
+                    # The guest waits for this answer and sends nothing until then (it
+                    # says so; if it does not, only its own later frames wait): made
+                    # here, with no task to start, and no scope of its own (no ``drop``
+                    # can be read while this loop itself awaits the call).
+                    await self._tool_call(guest, run, None, call_id, tool, args, kwargs)
+                else:
+                    scope = anyio.CancelScope()
+                    run.scopes[call_id] = scope
+                    tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
+            elif kind == p.K_DROP:
+                scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
+                if scope is not None:
+                    scope.cancel()
+            elif kind == p.K_DONE:
+                if msg.get("id") != run.id:
+                    raise p.BadFrame("a done frame for another run")
+                p.check_plain(msg.get("value"))
+                run.done = msg
+                break
+            else:
+                raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
+
+    @staticmethod
+    def _check_use(msg: Mapping[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
+        call_id, tool = msg.get("id"), msg.get("tool")
+        args, kwargs = msg.get("args"), msg.get("kwargs")
+        if type(call_id) is not int or type(tool) is not str or len(tool) > 512:
+            raise p.BadFrame("use frames carry an int id and a tool name")
+        if type(msg.get("run")) is not int:
+            raise p.BadFrame("use frames carry the int id of their run")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise p.BadFrame("use frames carry args as a list and kwargs as a map")
+        # Flat arguments (the usual case) are plain as they are; anything else is walked.
+        for item in args:  # pyright: ignore[reportUnknownVariableType]
+            if type(item) not in _FLAT:  # pyright: ignore[reportUnknownArgumentType]
+                p.check_plain(args)
+                break
+        for key, item in kwargs.items():  # pyright: ignore[reportUnknownVariableType]
+            if type(key) is not str or type(item) not in _FLAT:  # pyright: ignore[reportUnknownArgumentType]
+                p.check_plain(kwargs)
+                break
+        return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
+
+    async def _clock(self, guest: _Guest, run: _Run) -> None:
+        """Count sandbox time (none while a tool call is in flight); kill at the limit."""
+        budget = self._limits.code_timeout
+        used = 0.0
+        last = anyio.current_time()
+        while True:
+            await anyio.sleep(_TICK)
+            now = anyio.current_time()
+            if run.inflight == 0:
+                used += now - last
+            last = now
+            if used > budget:
+                run.failure = _limit(
+                    "code_timeout", f"the code ran for more than {budget:g} s of sandbox time"
+                )
+                guest.kill("code_timeout")
+                return
+
+    async def _tool_call(
+        self,
+        guest: _Guest,
+        run: _Run,
+        scope: anyio.CancelScope | None,
+        call_id: int,
+        tool: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Make one call and answer it; ``scope`` (a call made on a task) lets a ``drop``
+        cancel it. A cancelled call gets no answer."""
+        try:
+            name = self._canonical(tool)
+        except HostError:
+            name = tool
+        decided: list[str] = []
+        outcome: tuple[Any, HostError | None] | None = None
+        token = _DECISIONS.set(decided)
+        try:
+            if scope is None:
+                outcome = await self._outcome(tool, args, kwargs)
+            else:
+                with scope:
+                    outcome = await self._outcome(tool, args, kwargs)
+        finally:
+            _DECISIONS.reset(token)
+            run.inflight -= 1
+            if scope is not None:
+                run.scopes.pop(call_id, None)
+        if outcome is None:  # the code stopped waiting (drop): nothing to answer
+            run.calls.append((name, None, False, "cancelled"))
+            return
+        value, failure = outcome
+        if failure is None:
+            run.calls.append((name, _decision(None, decided), True, None))
+            reply = {"k": p.K_OK, "id": call_id, "value": value}
+        else:
+            run.calls.append((name, _decision(failure, decided), False, failure.kind))
+            reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
+        with contextlib.suppress(_Dead):
+            await guest.send(reply)
+
+    async def _outcome(
+        self, tool: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, HostError | None]:
+        """The call through the mediator: (its value, None) or (None, why it failed)."""
+        try:
+            return await self._call(tool, tuple(args), kwargs), None
+        except HostError as exc:
+            return None, exc
+        except Exception as exc:  # a host bug: the code gets an error, the log the detail
+            logger.exception("tool call %s from agent code failed inside the host", tool)
+            return None, HostError(f"the host failed to run {tool}: {type(exc).__name__}")
+
+    async def reset(self) -> None:
+        """Start afresh: the next run gets a new sandbox with no variables."""
+        async with self._lock:
+            await self._discard("reset_code")
+            self._lost = False
+            self._prefetch()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._unsubscribe()
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.guest is not None:
+            spare.guest.kill("the session is closing")
+            spare.guest.close()
+        with anyio.CancelScope(shield=True):
+            await self._discard("the session is closing")
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await lease.release()

@@ -1,0 +1,312 @@
+"""The subprocess capsule: ``python -m capsule`` in its own process group.
+
+The child gets a minimal environment (see ``_process.minimal_env``), an empty stdin for
+tool code, and speaks frames on its stdin/stdout pipes. Its stderr (logging, tracebacks
+printed by tools) is drained all the time into console events. Console output of both
+streams (stderr, and the ``console`` frames that carry what tools wrote to fd 1) passes one
+token bucket per capsule, enforced here in the host because the capsule is not trusted to
+limit itself, so a flood can neither block the child nor grow the host's memory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+import capsule
+from capsule.protocol import BadFrame
+from host._events import Event, EventBus
+from host.errors import CapsuleCrashed
+
+from ._process import kill_tree, spawn_piped
+from ._transport import (
+    CLOSED_OUTPUT,
+    CapsuleDied,
+    Connection,
+    LoadFailed,
+    LoadReport,
+    LoadRequest,
+)
+
+__all__ = ["SubprocessTransport", "start_process", "start_subprocess", "exit_reason"]
+
+Spawn = Callable[[], Awaitable[tuple[anyio.abc.Process, int, int]]]
+"""Starts the child: ``(process, host_write_fd, host_read_fd)``, as ``spawn_piped``."""
+ExitReason = Callable[[int | None, bytes], str]
+"""Why a child ended, from its exit status (``None``: still running) and stderr's tail."""
+
+_CAPSULE_PARENT = str(Path(capsule.__file__).resolve().parent.parent)
+_BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
+_CONSOLE_BURST = 1024 * 1024
+_EXIT_GRACE = 2.0
+"""Seconds a call (or a load) failed by the end of the capsule's output waits for its exit
+status, to say why it died."""
+_CONSOLE_RATE = 256 * 1024  # bytes per second once the burst is spent
+
+
+class _Bucket:
+    """A token bucket for console bytes; counts what it drops."""
+
+    def __init__(self) -> None:
+        self.tokens = float(_CONSOLE_BURST)
+        self.stamp = time.monotonic()
+        self.dropped = 0
+
+    def take(self, size: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(_CONSOLE_BURST, self.tokens + (now - self.stamp) * _CONSOLE_RATE)
+        self.stamp = now
+        if self.tokens >= size:
+            self.tokens -= size
+            return True
+        self.dropped += size
+        return False
+
+
+class _ConsoleGate(EventBus):
+    """The event bus as one capsule's connection sees it: console output is rate-limited.
+
+    Every other event passes straight to the host's bus. Console events over the budget
+    are dropped and counted; a ``console_dropped`` event reports the count (at the first
+    drop, then after every further ``_CONSOLE_BURST`` bytes dropped).
+    """
+
+    def __init__(self, events: EventBus) -> None:
+        super().__init__(keep=1)
+        self._events = events
+        self._bucket = _Bucket()
+        self._reported = 0
+
+    def emit(self, kind: str, session: str | None = None, **data: Any) -> Event:
+        if kind == "console":
+            text = data.get("data")
+            if not self._bucket.take(len(text) if isinstance(text, str) else 0):
+                dropped = self._bucket.dropped
+                if self._reported == 0 or dropped - self._reported >= _CONSOLE_BURST:
+                    self._reported = dropped
+                    return self._events.emit("console_dropped", session, dropped_bytes=dropped)
+                return Event("console_dropped", session, {"dropped_bytes": dropped})
+        return self._events.emit(kind, session, **data)
+
+
+def exit_reason(code: int | None, stderr_tail: bytes = b"") -> str:
+    """Why a capsule child ended, from its exit status."""
+    del stderr_tail  # a CPython capsule's stderr is tool output, not a reason
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"it was killed by {name}"
+    return f"it exited with status {code}"
+
+
+class SubprocessTransport:
+    """A capsule child process and the connection to it."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        connection: Connection,
+        gate: EventBus,
+        session: str | None,
+        reason: ExitReason = exit_reason,
+    ) -> None:
+        self._process = process
+        self._connection = connection
+        self._gate = gate
+        self._session = session
+        self._reason = reason
+        self._report = LoadReport()
+        self._scope = anyio.CancelScope()
+        self._killed: str | None = None
+        self._exited = anyio.Event()
+        self.serving = anyio.Event()
+        self.stderr_tail = bytearray()
+
+    @property
+    def report(self) -> LoadReport:
+        return self._report
+
+    @property
+    def alive(self) -> bool:
+        return self._connection.dead is None and self._killed is None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
+        try:
+            return await self._connection.call(call_id, tool, encoded, timeout)
+        except CapsuleCrashed as exc:
+            if exc.reason != CLOSED_OUTPUT:
+                raise
+            # The capsule's output ended before its exit status was known: wait for it
+            # (briefly), so the call says why the capsule died (a status, a signal, a
+            # trap, a quota), not only that its output ended.
+            with anyio.move_on_after(_EXIT_GRACE):
+                await self._exited.wait()
+            if not self._exited.is_set():
+                raise
+            raise CapsuleCrashed(
+                tool,
+                reason=self._killed or self.exit_reason(),
+                may_have_executed=exc.may_have_executed,
+            ) from None
+
+    def _kill_tree(self) -> None:
+        """Kill the capsule (its reaper) and every descendant, the worker's included."""
+        worker = self._report.pid  # reported by the capsule: kill_tree checks it is ours
+        kill_tree(self._process.pid, *([] if worker is None else [worker]))
+
+    def _kill_now(self, reason: str) -> None:
+        if self._killed is None:
+            self._killed = reason
+        self._kill_tree()
+
+    async def kill(self, reason: str) -> None:
+        self._kill_now(reason)
+        self._connection.fail_all(reason)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self._exited.wait()
+        self._scope.cancel()
+
+    def exit_reason(self) -> str:
+        """Why the child ended (or that it stopped answering, while it runs)."""
+        return self._reason(self._process.returncode, bytes(self.stderr_tail))
+
+    async def _drain_stderr(self) -> None:
+        stream = self._process.stderr
+        assert stream is not None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            try:
+                data = await stream.receive(1 << 16)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            self.stderr_tail += data
+            del self.stderr_tail[: max(0, len(self.stderr_tail) - 16384)]
+            text = decoder.decode(data)
+            if text:
+                self._gate.emit("console", self._session, stream="stderr", data=text)
+
+    async def _watch(self) -> None:
+        await self._process.wait()
+        why = self._killed or self.exit_reason()
+        if self._connection.dead == CLOSED_OUTPUT:
+            self._connection.dead = why  # later calls say why, too
+        self._connection.fail_all(why)
+        # Descendants that kept the pipes open must not keep the capsule half-alive, and
+        # a worker whose reaper a tool killed must not live on with the orphans it adopted.
+        self._kill_tree()
+        self._exited.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Own the capsule's background tasks until it ends."""
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._drain_stderr)
+                    tg.start_soon(self._watch)
+                    task_status.started()
+                    await self.serving.wait()  # the load phase reads the pipe until then
+                    await self._connection.run()
+                    with anyio.move_on_after(5):
+                        await self._exited.wait()
+                    tg.cancel_scope.cancel()
+        finally:
+            # Also when the host's task group is cancelled while closing: a pipe left open
+            # here is closed by the garbage collector after the event loop has ended,
+            # which raises inside asyncio. aclose() closes the pipe transports too.
+            self._connection.close()
+            if self._process.returncode is None:
+                self._kill_tree()  # not reaped yet, so the pid is still ours
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(5),
+                contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError),
+            ):
+                await self._process.aclose()
+
+
+async def start_process(
+    request: LoadRequest,
+    events: EventBus,
+    task_group: anyio.abc.TaskGroup,
+    *,
+    spawn: Spawn,
+    reason: ExitReason = exit_reason,
+) -> SubprocessTransport:
+    """Start a capsule child with ``spawn``, load ``request`` into it, return it serving.
+
+    If the child dies, hangs or misbehaves while loading, it is killed and
+    :class:`LoadFailed` says why, with ``report.culprit`` naming the file being imported;
+    the caller retries without that file.
+    """
+    process, host_out, host_in = await spawn()
+    transport: SubprocessTransport | None = None
+
+    def violation(reason: str) -> None:
+        if transport is not None:
+            transport._kill_now(reason)  # pyright: ignore[reportPrivateUsage]
+
+    gate = _ConsoleGate(events)
+    connection = Connection(
+        host_out,
+        host_in,
+        events=gate,
+        session=request.session,
+        on_violation=violation,
+        max_frame=request.max_frame,
+    )
+    transport = SubprocessTransport(process, connection, gate, request.session, reason)
+    try:
+        await task_group.start(transport.run)
+        try:
+            await connection.load(request, transport.report)
+        except CapsuleDied:
+            with anyio.move_on_after(_EXIT_GRACE):
+                await transport._exited.wait()  # pyright: ignore[reportPrivateUsage]
+            why = transport.exit_reason()
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
+        except TimeoutError:
+            why = f"importing it did not finish within {request.load_timeout:g} s"
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
+        except BadFrame as exc:
+            why = f"it broke the wire protocol while loading ({exc})"
+            await transport.kill(why)
+            raise LoadFailed(why, transport.report) from None
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await transport.kill("it failed to load")
+        raise
+    transport.serving.set()
+    return transport
+
+
+async def start_subprocess(
+    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
+) -> SubprocessTransport:
+    """Start a ``python -m capsule`` child and load the tool files into it."""
+    command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+
+    async def spawn() -> tuple[anyio.abc.Process, int, int]:
+        return await spawn_piped(command, cwd=request.cwd, env=request.env)
+
+    return await start_process(request, events, task_group, spawn=spawn)

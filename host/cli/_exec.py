@@ -1,0 +1,95 @@
+"""``toolhost exec (-c CODE | FILE)``: agent code in the code sandbox.
+
+The code runs as ``run_code`` runs it: in the session's sandbox, every tool an awaitable
+global, each call made as caller ``agent`` through the mediator. Without ``--json`` the
+captured output goes to stdout, then the value of the last expression (if any); the error
+(the agent's own traceback) and warnings go to stderr. With ``--json``: one object,
+``{"ok", "value", "stdout", "calls": [{"tool", "decision", "ok"}], "error", "warnings"}``.
+Exit status 0 when the code ran to its end, 1 when it failed, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from host._host import Host
+from host.capsules import CodeResult
+
+from ._common import Subparsers, UsageError, dumps, print_events, project_dir
+
+__all__ = ["EXEC_COMMANDS", "result_data"]
+
+
+def result_data(result: CodeResult) -> dict[str, Any]:
+    """The ``exec --json`` shape."""
+    error = None
+    if result.error is not None:
+        error = result.error.model_dump(exclude_none=True)
+    return {
+        "ok": result.ok,
+        "value": result.value,
+        "stdout": result.stdout,
+        "calls": [
+            {"tool": c.tool, "decision": c.decision, "ok": c.ok}
+            | ({"error": c.error} if c.error else {})
+            for c in result.calls
+        ],
+        "error": error,
+        "warnings": result.warnings,
+    }
+
+
+async def _source(args: argparse.Namespace) -> str:
+    if args.code is not None:
+        return str(args.code)
+    if args.file == "-":
+        return sys.stdin.read()
+    try:
+        return await anyio.Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {args.file}: {exc}") from exc
+
+
+async def _exec(args: argparse.Namespace) -> int:
+    source = await _source(args)
+    project: Path = project_dir(args)
+    async with Host.open(project) as host:
+        host.on("*", print_events)
+        result = await host.run_code(source)
+    if args.json:
+        print(dumps(result_data(result)))
+        return 0 if result.ok else 1
+    sys.stdout.write(result.stdout)
+    if result.ok and result.value is not None:
+        value = result.value
+        print(value if isinstance(value, str) else dumps(value, pretty=True))
+    for warning in result.warnings:
+        print(f"toolhost: warning: {warning}", file=sys.stderr)
+    if result.error is not None:
+        error = result.error
+        print(error.traceback or f"{error.type}: {error.message}", end="", file=sys.stderr)
+        if error.kind == "limit_exceeded" or not error.traceback:
+            print(f"\ntoolhost: {error.message}", file=sys.stderr)
+    sys.stdout.flush()
+    return 0 if result.ok else 1
+
+
+def _add_exec(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser(
+        "exec",
+        parents=[common],
+        help="agent code in the code sandbox (caller agent)",
+        description="Run agent code in the code sandbox: every tool is an awaitable global.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", dest="code", metavar="CODE", help="the code to run")
+    source.add_argument("file", nargs="?", metavar="FILE", help="a file of code ('-': stdin)")
+    parser.set_defaults(handler=_exec)
+
+
+EXEC_COMMANDS = [_add_exec]

@@ -1,0 +1,45 @@
+"""Declare: what tools exist and what the model is told about them.
+
+Owns discovery (``ast``: no tool code runs in the host), the project folder, the pyright
+probe, the type index and canonical type text, data shapes, the scope model and its
+renderings (model block, ``.pyi``, manifest, JSON Schemas), docstrings, the scope cache and
+the builder that ties them together.
+
+Imports only ``host.errors`` (and the standard library, pydantic-free). Never imports
+``policy``, ``audit``, ``capsules``, ``cli`` or the orchestrator: the other wings read
+the scope, the scope reads nobody. What other wings may use is listed below.
+"""
+
+from ._cache import load_or_build_scope as load_or_build_scope
+from ._discovery import NO_DEFAULT as NO_DEFAULT
+from ._discovery import POSITIONAL_ONLY as POSITIONAL_ONLY
+from ._discovery import POSITIONAL_OR_KEYWORD as POSITIONAL_OR_KEYWORD
+from ._discovery import VAR_KEYWORD as VAR_KEYWORD
+from ._discovery import VAR_POSITIONAL as VAR_POSITIONAL
+from ._discovery import Discovery as Discovery
+from ._discovery import Param as Param
+from ._discovery import ToolSpec as ToolSpec
+from ._discovery import discover as discover
+from ._project import Project as Project
+from ._project import default_project as default_project
+from ._project import resolve_project as resolve_project
+from ._schema import ArgumentValidator as ArgumentValidator
+from ._scope import Scope as Scope
+
+__all__ = [
+    "load_or_build_scope",
+    "NO_DEFAULT",
+    "POSITIONAL_ONLY",
+    "POSITIONAL_OR_KEYWORD",
+    "VAR_KEYWORD",
+    "VAR_POSITIONAL",
+    "Discovery",
+    "Param",
+    "ToolSpec",
+    "discover",
+    "Project",
+    "default_project",
+    "resolve_project",
+    "ArgumentValidator",
+    "Scope",
+]

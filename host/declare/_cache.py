@@ -1,0 +1,132 @@
+"""Keep built scopes, so a start with unchanged tools does not run pyright.
+
+A scope is a pure function of the tool files' contents, the pyright version and its
+settings, the Python that pyright resolves imports against, and the code that builds it;
+the cache key is a SHA-256 over exactly those. Entries are content-addressed JSON files in
+``$TOOLHOST_CACHE_DIR`` (default ``$XDG_CACHE_HOME/toolhost/scopes``, else
+``~/.cache/toolhost/scopes``), so projects with the same tools share them and nothing is
+written into the project. Writes are atomic (a temporary file renamed into place); an
+unreadable or malformed entry is a miss; a failed build raises and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from . import _pyright
+from ._build import Runner, build_scope
+from ._discovery import Discovery
+from ._scope import Scope
+
+__all__ = ["cache_dir", "scope_key", "load", "store", "load_or_build_scope", "MAX_ENTRIES"]
+
+MAX_ENTRIES: Final = 256
+"""Entries kept; the least recently written go first."""
+
+_FORMAT: Final = b"toolhost-scope-1"
+_CODE: Final = (
+    "_build.py",
+    "_pyright.py",
+    "_model.py",
+    "_shapes.py",
+    "_typeexpr.py",
+    "_typeindex.py",
+    "_docstrings.py",
+    "_discovery.py",
+)
+"""The modules whose code decides what a scope holds (their text is part of the key)."""
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("TOOLHOST_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "toolhost" / "scopes"
+
+
+def scope_key(discovery: Discovery) -> str:
+    """The cache key of the scope of ``discovery``'s tools folder."""
+    digest = hashlib.sha256(_FORMAT)
+
+    def add(label: str, data: bytes) -> None:
+        digest.update(f"\0{label}\0{len(data)}\0".encode())
+        digest.update(data)
+
+    add("pyright", _pyright.version().encode())
+    add("settings", json.dumps(_pyright.SETTINGS, sort_keys=True).encode())
+    add("python", f"{sys.version_info[:2]} {sys.prefix}".encode())
+    here = Path(__file__).parent
+    for name in _CODE:
+        try:
+            add(name, (here / name).read_bytes())
+        except OSError:  # an installation without sources: the version stands in
+            add(name, b"")
+    for path in sorted(discovery.tools_dir.glob("*.py")):
+        add(f"tool:{path.name}", path.read_bytes())
+    return digest.hexdigest()
+
+
+def load(key: str, directory: Path | None = None) -> Scope | None:
+    """The cached scope for ``key``, or None (missing, unreadable or malformed)."""
+    path = (directory or cache_dir()) / f"{key}.json"
+    try:
+        data = json.loads(path.read_bytes())
+        scope = Scope.from_data(data)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return scope if scope.key == key else None
+
+
+def store(scope: Scope, directory: Path | None = None) -> None:
+    """Write ``scope`` under its key, atomically. Failing to write is not an error."""
+    directory = directory or cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".scope-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(json.dumps(scope.to_data(), separators=(",", ":")).encode())
+            os.replace(tmp, directory / f"{scope.key}.json")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _prune(directory)
+    except OSError:
+        return  # a read-only home or a full disk costs a pyright run next time, nothing more
+
+
+def _prune(directory: Path) -> None:
+    entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in entries[MAX_ENTRIES:]:
+        old.unlink(missing_ok=True)
+
+
+def load_or_build_scope(
+    discovery: Discovery,
+    *,
+    runner: Runner | None = None,
+    directory: Path | None = None,
+    on_build: Callable[[], None] | None = None,
+) -> Scope:
+    """The scope of ``discovery``: from the cache, else built (one pyright run) and kept.
+
+    Blocking (file reads, maybe a pyright run): call it from a worker thread.
+    Raises :class:`DeclarationError`; a failure is never cached.
+    """
+    key = scope_key(discovery)
+    cached = load(key, directory)
+    if cached is not None:
+        return cached
+    if on_build is not None:
+        on_build()
+    scope = build_scope(discovery, key=key, runner=runner)
+    store(scope, directory)
+    return scope

@@ -1,0 +1,529 @@
+"""Escalation: ask a person about one call, wait in place, and remember the answer.
+
+When policy says ``escalate`` the mediator hands the call here.
+An :class:`ApprovalRequest` shows the bound arguments as the capsule will receive them
+(decoded afresh from the frozen bytes, escaped and bounded for display) and goes to the
+approver: an async callable, or an object with an async ``decide`` method, answering an
+:class:`Approval` or a bool. The call waits until the answer, at most
+``escalation_timeout``; no answer, an approver that raises, and an answer that is not an
+approval all deny.
+
+What keeps an approval honest:
+
+* an allow becomes a one-shot :class:`Ticket` bound to the call id, session, tool and the
+  hash of the frozen argument bytes; the mediator redeems it right before dispatch, so
+  what runs is exactly what was approved, once;
+* an answer made with :meth:`ApprovalRequest.allow` carries the request's id, and is
+  refused when returned for any other request (a replayed approval does nothing);
+* remembered answers (``session``: in memory; ``always``: a :class:`Grant` in the store)
+  cover the exact tool, caller and arguments, or the whole tool when the approver widens
+  the scope; a remembered deny beats a remembered allow;
+* each session has at most ``max_pending_approvals`` requests open; an identical
+  request (same session, caller, tool and arguments) joins the open one instead of
+  asking again.
+"""
+
+from __future__ import annotations
+
+import functools
+import select
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from hashlib import sha256
+from typing import IO, Any, Literal, Protocol, cast
+
+import anyio
+
+from capsule.protocol import decode
+from host._binding import BoundCall
+from host._display import Redactor, render_arguments, summarize_arguments
+from host._events import EventBus
+from host.audit import Grant, PendingApproval, Store
+from host.errors import LimitExceeded, NotApproved
+
+from ._files import Caller
+
+__all__ = [
+    "Approval",
+    "ApprovalRequest",
+    "Approver",
+    "DenyAll",
+    "TerminalApprover",
+    "Ticket",
+    "Escalations",
+    "default_approver",
+]
+
+Remember = Literal["once", "session", "always"]
+Scope = Literal["call", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approver's answer. ``True``/``False`` from an approver mean allow/deny once."""
+
+    allow: bool
+    remember: Remember = "once"
+    """``once``: this call only; ``session``: for the rest of the session; ``always``:
+    a persisted grant (``toolhost policy grants`` lists and revokes it)."""
+    scope: Scope = "call"
+    """What a remembered answer covers: ``call``, the exact tool and arguments (the
+    default), or ``tool``, every call of the tool by the same caller."""
+    request_id: str | None = None
+    """Set by :meth:`ApprovalRequest.allow`/:meth:`~ApprovalRequest.deny`: the answer then
+    counts for that request only."""
+    note: str | None = None
+    """Why, in the approver's words (shown to the caller when the call is denied)."""
+
+    def __post_init__(self) -> None:
+        if type(self.allow) is not bool:
+            raise TypeError("Approval.allow must be a bool")
+        if self.remember not in ("once", "session", "always"):
+            raise ValueError("Approval.remember is 'once', 'session' or 'always'")
+        if self.scope not in ("call", "tool"):
+            raise ValueError("Approval.scope is 'call' or 'tool'")
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """One call waiting for a person's answer."""
+
+    id: str
+    """A fresh random id for this request (answers made with :meth:`allow` carry it)."""
+    call_id: str
+    session_id: str
+    caller: Caller
+    tool: str
+    arguments: Mapping[str, Any]
+    """The bound arguments as the capsule will receive them: a private copy decoded from
+    the frozen bytes (changing it changes nothing that runs)."""
+    rendered: str
+    """The same arguments escaped and bounded for display, secrets replaced."""
+    warnings: tuple[str, ...]
+    """What in the arguments deserves a second look (hidden characters, look-alikes...)."""
+    rule: str
+    reason: str | None
+    """The policy's reason (policy text, never text from the arguments)."""
+    args_sha256: str
+    size: int
+    """Bytes of the encoded arguments."""
+    policy_version: str
+    timeout: float
+    """Seconds the call waits for an answer before it is denied."""
+
+    def allow(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
+        """An allow that counts for this request only."""
+        return Approval(True, remember, scope, request_id=self.id)
+
+    def deny(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
+        """A deny for this request (``remember`` makes it stick)."""
+        return Approval(False, remember, scope, request_id=self.id)
+
+
+ApproverFunction = Callable[[ApprovalRequest], Awaitable[Approval | bool]]
+
+
+class SupportsDecide(Protocol):
+    """An approver object: ``await approver.decide(request)``."""
+
+    def decide(self, request: ApprovalRequest, /) -> Awaitable[Approval | bool]: ...
+
+
+Approver = ApproverFunction | SupportsDecide
+
+
+class DenyAll:
+    """Denies every escalation: the default when nobody is at a terminal."""
+
+    def __init__(self, note: str = "no approver is configured (nobody is at a terminal)") -> None:
+        self.note = note
+
+    def __repr__(self) -> str:
+        return "<DenyAll>"
+
+    async def decide(self, request: ApprovalRequest) -> Approval:
+        del request
+        return Approval(False, note=self.note)
+
+
+_CHOICES: dict[str, tuple[str, Approval]] = {
+    "y": ("allow once", Approval(True)),
+    "s": ("allow for this session", Approval(True, "session")),
+    "a": ("always allow this exact call", Approval(True, "always")),
+    "t": ("always allow this tool", Approval(True, "always", "tool")),
+    "n": ("deny", Approval(False)),
+    "d": ("always deny this exact call", Approval(False, "always")),
+}
+
+
+class TerminalApprover:
+    """Asks the person at the terminal, one request at a time (the default on a tty).
+
+    The prompt goes to stderr (or ``console``) and the answer is read from stdin (or
+    ``stdin``); end of input denies. When the arguments carry warnings, an allow must be
+    confirmed by typing ``yes``.
+    """
+
+    def __init__(self, *, console: Any = None, stdin: IO[str] | None = None) -> None:
+        from rich.console import Console  # only when a terminal approver is made
+
+        self._console: Any = console if console is not None else Console(stderr=True)
+        self._stdin = stdin
+        self._lock: anyio.Lock | None = None
+
+    def __repr__(self) -> str:
+        return "<TerminalApprover>"
+
+    async def decide(self, request: ApprovalRequest) -> Approval:
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        cancelled = threading.Event()
+        try:
+            async with self._lock:
+                ask = functools.partial(self._ask, request, cancelled)
+                return await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)
+        finally:
+            # A prompt abandoned at the escalation timeout stops reading within 0.2 s,
+            # so it cannot swallow the answer meant for the next prompt.
+            cancelled.set()
+
+    def _readline(self, cancelled: threading.Event | None = None) -> str | None:
+        stream = self._stdin if self._stdin is not None else sys.stdin
+        if stream is None:  # pyright: ignore[reportUnnecessaryComparison]
+            return None
+        if cancelled is not None and sys.platform != "win32":
+            try:
+                fd: int | None = stream.fileno()
+            except (OSError, ValueError):  # not a real file (a test's StringIO)
+                fd = None
+            while fd is not None and not select.select([fd], [], [], 0.2)[0]:
+                if cancelled.is_set():
+                    return None
+            if cancelled.is_set():
+                return None
+        line = stream.readline()
+        return line if line else None
+
+    def _ask(self, request: ApprovalRequest, cancelled: threading.Event | None = None) -> Approval:
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        head = Table.grid(padding=(0, 2))
+        head.add_column(style="bold")
+        head.add_column()
+        head.add_row("tool", Text(request.tool))
+        head.add_row("caller", Text(f"{request.caller}   session {request.session_id}"))
+        head.add_row("rule", Text(request.rule))
+        if request.reason:
+            head.add_row("why", Text(request.reason))
+        head.add_row("waits", Text(f"{request.timeout:g} s, then the call is denied"))
+        body = Table.grid()
+        body.add_row(head)
+        body.add_row(Text("\narguments, exactly as the tool will receive them:", style="bold"))
+        body.add_row(Text(request.rendered))
+        if request.warnings:
+            body.add_row(Text("\nwarnings:", style="bold red"))
+            for warning in request.warnings:
+                body.add_row(Text(f"  ! {warning}", style="red"))
+        console = self._console
+        console.print(Panel(body, title="approval needed", border_style="yellow"))
+        menu = "  ".join(f"[{key}] {label}" for key, (label, _) in _CHOICES.items())
+        while True:
+            console.print(Text(menu))
+            console.print(Text("answer: "), end="")
+            line = self._readline(cancelled)
+            if cancelled is not None and cancelled.is_set():
+                console.print(Text("(no answer in time: denied)"))
+                return Approval(False, note="no answer in time")
+            if line is None:
+                console.print(Text("(no input: denied)"))
+                return Approval(False, note="the terminal closed")
+            choice = _CHOICES.get(line.strip().lower()[:1])
+            if choice is None:
+                continue
+            approval = choice[1]
+            if approval.allow and request.warnings:
+                console.print(Text("The arguments carry warnings. Type yes to allow: "), end="")
+                confirm = self._readline(cancelled)
+                if confirm is None or confirm.strip().lower() != "yes":
+                    console.print(Text("not confirmed: denied"))
+                    return Approval(False, note="an allow was not confirmed")
+            return Approval(approval.allow, approval.remember, approval.scope, request.id)
+
+
+def default_approver() -> Approver:
+    """The terminal approver when stdin is a terminal, else deny-all."""
+    stdin = sys.stdin
+    try:
+        interactive = stdin is not None and stdin.isatty()  # pyright: ignore[reportUnnecessaryComparison]
+    except (OSError, ValueError):
+        interactive = False
+    return TerminalApprover() if interactive else DenyAll()
+
+
+def _as_function(approver: Approver) -> ApproverFunction:
+    decide = getattr(approver, "decide", None)
+    if decide is not None and callable(decide):
+        return cast("ApproverFunction", decide)
+    return cast("ApproverFunction", approver)
+
+
+# -- the one-shot binding ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Ticket:
+    """Permission for exactly one dispatch of exactly the approved call."""
+
+    call_id: str
+    session: str
+    tool: str
+    args_sha256: str
+    how: str
+    """How it was approved, for the audit: ``once``, ``session``, ``always``, ``grant 3``."""
+    used: bool = False
+
+    def redeem(self, call_id: str, session: str, tool: str, encoded: bytes) -> None:
+        """Use the ticket for this dispatch. Raises :class:`NotApproved` on any mismatch."""
+        same = (
+            call_id == self.call_id
+            and session == self.session
+            and tool == self.tool
+            and sha256(encoded).hexdigest() == self.args_sha256
+        )
+        if self.used or not same:
+            raise NotApproved(
+                tool,
+                reason="mismatch",
+                detail="the approval was for another call or was already used",
+            )
+        self.used = True
+
+
+# -- escalations ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Open:
+    """One open request, which identical calls join."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    denial: NotApproved | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """What the mediator knows about a call it escalates."""
+
+    call_id: str
+    session: str
+    caller: Caller
+    tool: str
+    bound: BoundCall
+    args_sha256: str
+    rule: str
+    reason: str | None
+    policy_version: str
+    timeout: float
+    max_pending: int
+    redactor: Redactor
+
+
+class Escalations:
+    """Open requests, session grants, and the approver: one per host."""
+
+    def __init__(self, approver: Approver, store: Store, events: EventBus, host_id: str) -> None:
+        self.approver = approver
+        self._ask_fn = _as_function(approver)
+        self._store = store
+        self._events = events
+        self._host_id = host_id
+        self._open: dict[tuple[str, str, str, str], _Open] = {}
+        self._session_grants: dict[str, list[Grant]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Escalations approver={self.approver!r} open={len(self._open)}>"
+
+    def open_requests(self, session: str) -> int:
+        return sum(1 for key in self._open if key[0] == session)
+
+    def forget_session(self, session: str) -> None:
+        self._session_grants.pop(session, None)
+
+    async def _remembered(self, e: Escalation) -> Grant | None:
+        grants = [
+            g
+            for g in self._session_grants.get(e.session, [])
+            if g.covers(e.tool, e.caller, e.args_sha256)
+        ]
+        grants += await self._store.find_grants(e.tool, e.caller, e.args_sha256)
+        if not grants:
+            return None
+        return next((g for g in grants if not g.allow), grants[0])
+
+    async def resolve(self, e: Escalation) -> Ticket:
+        """Wait for the answer to ``e``. Returns a ticket, or raises :class:`NotApproved`,
+        :class:`LimitExceeded`, or ``StoreUnavailable`` (the caller fails closed)."""
+        key = (e.session, e.caller, e.tool, e.args_sha256)
+        while True:
+            grant = await self._remembered(e)
+            if grant is not None:
+                label = f"grant {grant.id}" if grant.session is None else "session"
+                if not grant.allow:
+                    raise NotApproved(
+                        e.tool, reason="denied", rule=e.rule, detail=f"remembered ({label})"
+                    )
+                return Ticket(e.call_id, e.session, e.tool, e.args_sha256, label)
+            joined = self._open.get(key)
+            if joined is None:
+                break
+            await joined.done.wait()
+            if joined.denial is not None:
+                raise NotApproved(
+                    e.tool,
+                    reason=joined.denial.reason,
+                    rule=e.rule,
+                    detail=joined.denial.detail,
+                )
+            # allowed once (for the other call): this one asks again, or finds a grant
+        if self.open_requests(e.session) >= e.max_pending:
+            raise LimitExceeded(
+                "max_pending_approvals",
+                f"this session already has {e.max_pending} approval requests waiting; "
+                "wait for answers before asking for more",
+                tool=e.tool,
+            )
+        entry = _Open()
+        self._open[key] = entry
+        try:
+            return await self._ask(e)
+        except NotApproved as exc:
+            entry.denial = exc
+            raise
+        finally:
+            del self._open[key]
+            entry.done.set()
+
+    async def _ask(self, e: Escalation) -> Ticket:
+        arguments: Mapping[str, Any] = decode(e.bound.encoded)
+        rendered = render_arguments(arguments, redactor=e.redactor)
+        request = ApprovalRequest(
+            id=uuid.uuid4().hex,
+            call_id=e.call_id,
+            session_id=e.session,
+            caller=e.caller,
+            tool=e.tool,
+            arguments=arguments,
+            rendered=rendered.text,
+            warnings=rendered.warnings,
+            rule=e.rule,
+            reason=e.reason,
+            args_sha256=e.args_sha256,
+            size=len(e.bound.encoded),
+            policy_version=e.policy_version,
+            timeout=e.timeout,
+        )
+        now = time.time()
+        await self._store.add_pending(
+            PendingApproval(
+                id=request.id,
+                host_id=self._host_id,
+                created=now,
+                expires=now + e.timeout,
+                call_id=e.call_id,
+                session=e.session,
+                caller=e.caller,
+                tool=e.tool,
+                rule=e.rule,
+                reason=e.reason,
+                args_sha256=e.args_sha256,
+                rendered=rendered.text,
+            )
+        )
+        self._events.emit(
+            "policy_escalation",
+            e.session,
+            call_id=e.call_id,
+            tool=e.tool,
+            rule=e.rule,
+            request_id=request.id,
+            warnings=list(rendered.warnings),
+        )
+        try:
+            approval = await self._answer(request, e)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await self._store.remove_pending(request.id)
+                except Exception:  # the row is cleared when the host closes or restarts
+                    self._events.emit("store_failed", e.session, what="remove_pending")
+        return await self._apply(approval, e)
+
+    async def _answer(self, request: ApprovalRequest, e: Escalation) -> Approval:
+        answer: object = None
+        with anyio.move_on_after(e.timeout) as scope:
+            try:
+                answer = await self._ask_fn(request)
+            except Exception as exc:
+                raise NotApproved(
+                    e.tool,
+                    reason="approver_failed",
+                    rule=e.rule,
+                    detail=f"the approver raised {type(exc).__name__}",
+                ) from None
+        if scope.cancelled_caught:
+            raise NotApproved(
+                e.tool,
+                reason="timeout",
+                rule=e.rule,
+                detail=f"nobody answered within {e.timeout:g} s",
+            )
+        if type(answer) is bool:
+            return Approval(answer, request_id=request.id)
+        if not isinstance(answer, Approval):
+            raise NotApproved(
+                e.tool,
+                reason="approver_failed",
+                rule=e.rule,
+                detail=f"the approver answered with a {type(answer).__name__}, not an Approval",
+            )
+        if answer.request_id is not None and answer.request_id != request.id:
+            raise NotApproved(
+                e.tool,
+                reason="mismatch",
+                rule=e.rule,
+                detail="the answer was given for another request",
+            )
+        return answer
+
+    async def _apply(self, approval: Approval, e: Escalation) -> Ticket:
+        how: str = approval.remember
+        if approval.remember != "once":
+            grant = Grant(
+                tool=e.tool,
+                caller=e.caller,
+                allow=approval.allow,
+                args_sha256=e.args_sha256 if approval.scope == "call" else None,
+                created=time.time(),
+                rule=e.rule,
+                summary=summarize_arguments(decode(e.bound.encoded), redactor=e.redactor)
+                if approval.scope == "call"
+                else None,
+                session=e.session if approval.remember == "session" else None,
+            )
+            if approval.remember == "session":
+                self._session_grants.setdefault(e.session, []).append(grant)
+            else:
+                grant = await self._store.add_grant(grant)
+                how = f"always (grant {grant.id})"
+        if not approval.allow:
+            detail = approval.note or "a person denied it"
+            if approval.remember != "once":
+                detail += f" (remembered: {how})"
+            raise NotApproved(e.tool, reason="denied", rule=e.rule, detail=detail)
+        return Ticket(e.call_id, e.session, e.tool, e.args_sha256, how)

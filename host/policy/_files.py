@@ -1,0 +1,326 @@
+"""The policy files, parsed into pydantic models (README, "Policy").
+
+``policy.toml`` plus ``policies/*.toml`` are read and validated here; a malformed file is a
+:class:`PolicyFileError` naming the file, the line and the field, and the host refuses to
+start on it. This module only parses: deciding lives in the policy module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from host.errors import PolicyFileError
+from host.settings import (
+    AuditConfig,
+    Caller,
+    CapsulesConfig,
+    DataFolder,
+    Duration,
+    EnvConfig,
+    Limits,
+    parse_duration,
+    parse_size,
+)
+
+__all__ = [
+    "Limits",
+    "EnvConfig",
+    "CapsulesConfig",
+    "DataFolder",
+    "Defaults",
+    "Rule",
+    "Quota",
+    "PolicyFile",
+    "PolicyConfig",
+    "load_policy",
+    "parse_duration",
+    "parse_size",
+]
+
+Decision = Literal["allow", "deny", "escalate"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Defaults(_Model):
+    """``[defaults]``: the decision when no rule matches, per caller."""
+
+    agent: Decision = "deny"
+    script: Decision = "allow"
+    app: Decision = "allow"
+    tool: Decision = "deny"
+    escalation_timeout: Duration = 120.0
+
+
+_TOOL_GLOB = re.compile(r"^[\w.*?]+$")
+_WHEN_KEYS = ("regex", "gt", "ge", "lt", "le", "in")
+
+
+def _tool_globs(value: object) -> object:
+    if not isinstance(value, list):
+        return value  # pydantic says what is wrong with it
+    items = cast("list[object]", value)
+    for item in items:
+        if not isinstance(item, str) or not _TOOL_GLOB.match(item):
+            raise ValueError(
+                f"{item!r} is not a tool-name glob (letters, digits, '_', '.', "
+                "'*' within a name part, '**' across parts, '?')"
+            )
+    return items
+
+
+def _condition(value: Any) -> Any:
+    """Check one ``when.PARAM`` condition; the policy module compiles it."""
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        table: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        unknown = sorted(set(table) - set(_WHEN_KEYS))
+        if unknown or not table:
+            raise ValueError(
+                f"a condition table takes {', '.join(_WHEN_KEYS)}"
+                + (f", not {', '.join(unknown)}" if unknown else "")
+            )
+        if "regex" in table:
+            pattern = table["regex"]
+            if not isinstance(pattern, str):
+                raise ValueError("regex takes a string")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"regex {pattern!r} does not compile: {exc}") from exc
+        for op in ("gt", "ge", "lt", "le"):
+            bound = table.get(op)
+            if op in table and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
+                raise ValueError(f"{op} takes a number")
+        if "in" in table:
+            options = table["in"]
+            if not isinstance(options, list) or not all(
+                isinstance(o, (str, bool, int, float))
+                for o in options  # pyright: ignore[reportUnknownVariableType]
+            ):
+                raise ValueError("in takes a list of strings, numbers or booleans")
+        return table
+    if isinstance(value, list):
+        raise ValueError("to accept one of several values write {in = [...]}")
+    raise ValueError(
+        "a condition is a string glob, a number, a boolean, or a table "
+        "{regex = ..}, {gt/ge/lt/le = ..}, {in = [..]}"
+    )
+
+
+def _conditions(value: object) -> object:
+    if not isinstance(value, dict):
+        return value  # pydantic says what is wrong with it
+    table = cast("dict[object, object]", value)
+    for name in table:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"when.{name}: conditions are keyed by parameter name")
+    return table
+
+
+ToolGlobs = Annotated[list[str], Field(min_length=1), BeforeValidator(_tool_globs)]
+Condition = Annotated[str | bool | int | float | dict[str, Any], BeforeValidator(_condition)]
+
+
+class Rule(_Model):
+    """One ``[[rules]]`` entry. Every rule that matches a call counts."""
+
+    id: str | None = Field(default=None, min_length=1)
+    """The name decisions give for this rule; without it, ``FILE:LINE``."""
+    tools: ToolGlobs
+    """Globs on canonical tool names: ``*`` stops at ``.``, ``**`` does not."""
+    decision: Decision
+    callers: list[Caller] | None = None
+    """Only calls from these callers match; ``None`` means every caller."""
+    when: Annotated[dict[str, Condition], BeforeValidator(_conditions)] = Field(
+        default_factory=dict[str, Any]
+    )
+    """Conditions on the bound arguments, by parameter name (all must hold)."""
+    reason: str | None = None
+    """Shown to the approver and in the error the caller gets."""
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def name(self) -> str:
+        """The rule's ``id``, else ``FILE:LINE`` where it is written."""
+        return self.id or self._source or "<rule>"
+
+
+class Quota(_Model):
+    """One ``[[quotas]]`` entry: call budgets for each tool its globs match."""
+
+    tools: ToolGlobs
+    per_session: int | None = Field(default=None, gt=0)
+    """Calls one session may make to each matching tool."""
+    per_minute: int | None = Field(default=None, gt=0)
+    """Calls the host may make to each matching tool in any 60 seconds."""
+
+    @model_validator(mode="after")
+    def _some_budget(self) -> Quota:
+        if self.per_session is None and self.per_minute is None:
+            raise ValueError("a quota sets per_session, per_minute or both")
+        return self
+
+
+class PolicyFile(_Model):
+    """One policy file as written."""
+
+    version: Literal[1] = 1
+    defaults: Defaults | None = None
+    rules: list[Rule] = Field(default_factory=list[Rule])
+    quotas: list[Quota] = Field(default_factory=list[Quota])
+    limits: Limits | None = None
+    env: EnvConfig | None = None
+    capsules: CapsulesConfig | None = None
+    audit: AuditConfig | None = None
+
+
+class PolicyConfig(BaseModel):
+    """The merged view of every policy file of a project."""
+
+    model_config = ConfigDict(frozen=True)
+
+    files: list[tuple[str, PolicyFile]] = Field(default_factory=list[tuple[str, PolicyFile]])
+    """``(name, file)`` in the order rules are read; names are relative to the project."""
+    version: str = ""
+    """A digest of the files' contents; the audit records it for every call."""
+    defaults: Defaults = Defaults()
+    limits: Limits = Limits()
+    env: EnvConfig = EnvConfig()
+    capsules: CapsulesConfig = CapsulesConfig()
+    audit: AuditConfig = AuditConfig()
+
+
+def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort line of a validation error's location in the TOML source."""
+    lines = text.splitlines()
+    section: str | None = None
+    index: int | None = None
+    key: str | None = None
+    parts = list(loc)
+    if parts and isinstance(parts[0], str):
+        section = str(parts.pop(0))
+    if parts and isinstance(parts[0], int):
+        index = int(parts.pop(0))
+    if parts and isinstance(parts[0], str):
+        key = str(parts.pop(0))
+    start = 0
+    if section is not None:
+        header = re.compile(rf"^\s*\[\[?\s*{re.escape(section)}\s*\]\]?\s*(#.*)?$")
+        hits = [i for i, line in enumerate(lines) if header.match(line)]
+        if hits:
+            start = hits[min(index or 0, len(hits) - 1)]
+        elif key is None:
+            key, section = section, None
+    if key is None:
+        return start + 1 if section is not None else None
+    pattern = re.compile(rf"^\s*(?:{re.escape(section or '')}\.)?{re.escape(key)}(\.|\s*=)")
+    for i in range(start, len(lines)):
+        if i > start and section is not None and lines[i].lstrip().startswith("["):
+            break
+        if pattern.match(lines[i]):
+            return i + 1
+    return start + 1 if section is not None else None
+
+
+def _parse_file(
+    path: Path, text: str | None = None, display: str | None = None, root: Path | None = None
+) -> PolicyFile:
+    name = str(path)
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyFileError(f"cannot read: {exc}", file=name) from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise PolicyFileError(
+            f"not valid TOML: {exc}", file=name, line=int(m.group(1)) if m else None
+        ) from exc
+    try:
+        # Paths in the file (``[capsules] data``) are checked against the project folder.
+        parsed = PolicyFile.model_validate(data, context={"root": root or path.parent})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        field = ".".join(str(p) for p in loc) or None
+        message = first["msg"]
+        context = first.get("ctx") or {}
+        if first["type"] == "value_error" and "error" in context:
+            message = str(context["error"])  # without pydantic's "Value error, " prefix
+        given = first.get("input")
+        if isinstance(given, (str, int, float)) and first["type"] != "value_error":
+            message += f" (got {given!r:.60})"
+        raise PolicyFileError(message, file=name, line=_line_of(text, loc), field=field) from exc
+    for index, rule in enumerate(parsed.rules):
+        line = _line_of(text, ("rules", index))
+        rule._source = f"{display or name}:{line}" if line else f"{display or name}:rules[{index}]"  # pyright: ignore[reportPrivateUsage]
+    return parsed
+
+
+def _merge_one(files: list[tuple[str, PolicyFile]], attr: str) -> Any:
+    found = [(name, getattr(f, attr)) for name, f in files if getattr(f, attr) is not None]
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise PolicyFileError(
+            f"[{attr}] is set in more than one policy file ({names}); keep it in one",
+            file=found[1][0],
+            field=attr,
+        )
+    return found[0][1] if found else None
+
+
+def _display(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return path.relative_to(root).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
+def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
+    """Parse and merge policy files. Raises :class:`PolicyFileError`.
+
+    Args:
+        paths: the files, in the order their rules are read.
+        root: the project folder; rules without an ``id`` are then named
+            ``policy.toml:12`` rather than by their absolute path. Paths in the files
+            are relative to it (without it: to the folder of the file naming them).
+    """
+    digest = hashlib.sha256()
+    files: list[tuple[str, PolicyFile]] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyFileError(f"cannot read: {exc}", file=str(path)) from exc
+        display = _display(path, root)
+        files.append((display, _parse_file(path, text, display, root)))
+        digest.update(f"{display}\0{len(text)}\0".encode())
+        digest.update(text.encode())
+    merged: dict[str, Any] = {"files": files, "version": digest.hexdigest()[:12]}
+    for attr in ("defaults", "limits", "env", "capsules", "audit"):
+        value = _merge_one(files, attr)
+        if value is not None:
+            merged[attr] = value
+    return PolicyConfig(**merged)

@@ -1,0 +1,196 @@
+"""The policy sections several wings read: ``[limits]``, ``[env]``, ``[capsules]``, ``[audit]``.
+
+They are parsed with the rest of the policy file (``host.policy``), but the capsules and
+the audit read them too, so they live below both: a capsule never imports the policy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, cast
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from ._units import Duration, Size
+
+__all__ = [
+    "Caller",
+    "Limits",
+    "EnvConfig",
+    "DataFolder",
+    "DEFAULT_DATA_QUOTA",
+    "CapsulesConfig",
+    "AuditConfig",
+]
+
+Caller = Literal["agent", "script", "app", "tool"]
+"""Who made a call: agent code, a trusted script, the app, or a tool through its context."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Model):
+    """``[limits]``: time, memory, call and output budgets (README, "Limits")."""
+
+    call_timeout: Duration = 60.0
+    """Seconds one tool call may take; on expiry the capsule is killed and restarted."""
+    load_timeout: Duration = 30.0
+    """Seconds importing the tool files may take when a capsule starts."""
+    code_timeout: Duration = 30.0
+    code_memory: Size = 256 * 1024**2
+    code_max_calls: int = Field(default=100, gt=0)
+    code_max_output: Size = 1024**2
+    max_pending_approvals: int = Field(default=20, gt=0)
+    max_argument_size: Size = 4 * 1024**2
+    """Bytes the encoded arguments of one call may take; more is refused before policy."""
+    max_frame: Size = 16 * 1024**2
+    """Bytes one frame may take on the wire (results included)."""
+    max_restarts: int = Field(default=5, gt=0)
+    """Crashes within ``restart_window`` after which a capsule's tools are unavailable."""
+    restart_window: Duration = 60.0
+    unavailable_for: Duration = 30.0
+    """How long a crash-looping capsule stays unavailable before one more try."""
+
+
+class EnvConfig(_Model):
+    """``[env]``: what the tool capsule's environment holds (nothing else)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    pass_: list[str] = Field(default_factory=list[str], alias="pass")
+    """Host environment variables passed to the tool capsules."""
+    secret: list[str] = Field(default_factory=list[str])
+    """Variables whose values are never shown in approvals, audit or logs."""
+    set: dict[str, str] = Field(default_factory=dict[str, str])
+    """Fixed values to set in the tool capsules."""
+
+
+_OWN_FOLDERS = ("tools", "src/tools", "policies", "hooks", "src/hooks", ".agent")
+"""Project folders toolhost reads or writes itself: no data folder may overlap them."""
+
+
+DEFAULT_DATA_QUOTA = 256 * 1024**2
+"""The quota of a writable data folder whose policy gives none."""
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+class DataFolder(_Model):
+    """``[capsules] data``: a project folder the tool capsules may use.
+
+    Written ``data = "notes"`` (read-only) or ``data = { path = "notes", writable = true }``.
+    """
+
+    path: str = Field(min_length=1)
+    """The folder, relative to the project; it must exist and lie inside the project."""
+    writable: bool = Field(default=False, strict=True)
+    """Whether tools may create, change and delete files in it (read-only by default)."""
+    quota: Size | None = None
+    """Bytes of disk a writable folder may use (a Wasm capsule enforces it); ``None`` on a
+    read-only folder. A writable one without ``quota`` gets :data:`DEFAULT_DATA_QUOTA`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_quota(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        given = cast("dict[str, object]", value)
+        if given.get("writable") is True and "quota" not in given:
+            return {**given, "quota": DEFAULT_DATA_QUOTA}
+        return given
+
+    @field_validator("quota")
+    @classmethod
+    def _quota_needs_writable(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("writable") is not True:
+            raise ValueError(
+                "a quota limits what tools may write: it needs writable = true "
+                "(a read-only folder cannot grow)"
+            )
+        return value
+
+    def resolve(self, root: Path) -> Path:
+        """The folder on the host, symbolic links followed.
+
+        Raises:
+            ValueError: why the folder is refused (missing, a file, outside the project,
+                the project itself or overlapping a folder toolhost uses itself).
+        """
+        if Path(self.path).is_absolute():
+            hint = " (the whole file system)" if Path(self.path) == Path("/") else ""
+            raise ValueError(
+                f"{self.path!r}{hint} is an absolute path: name a folder inside the project, "
+                "relative to it"
+            )
+        project = root.resolve()
+        target = (project / self.path).resolve()
+        if not target.is_relative_to(project):
+            raise ValueError(
+                f"{self.path!r} is outside the project (it resolves to {target}): "
+                "name a folder inside it"
+            )
+        if target == project:
+            raise ValueError(
+                f"{self.path!r} is the project itself (its policy, tools and state): "
+                "name a folder inside it"
+            )
+        for own in _OWN_FOLDERS:
+            if _overlaps(target, (project / own).resolve()):
+                raise ValueError(
+                    f"{self.path!r} overlaps the project's {own!r} folder, which toolhost "
+                    "reads or writes itself: name a separate folder"
+                )
+        if not target.exists():
+            raise ValueError(f"{self.path!r} does not exist (looked for {target})")
+        if not target.is_dir():
+            raise ValueError(f"{self.path!r} is a file, not a folder")
+        return target
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> DataFolder:
+        context = cast("dict[str, object]", info.context or {})
+        root = context.get("root")
+        if isinstance(root, Path):
+            self.resolve(root)
+        return self
+
+
+def _data_shorthand(value: object) -> object:
+    if isinstance(value, str):
+        return {"path": value}
+    if not isinstance(value, dict):
+        raise ValueError(
+            'data is a folder name, "notes", or a table { path = "notes", writable = true }'
+        )
+    return cast("dict[str, object]", value)
+
+
+class CapsulesConfig(_Model):
+    """``[capsules]``: where tool files load and where agent code runs."""
+
+    default: Literal["subprocess", "wasm"] = "subprocess"
+    wasm: list[str] = Field(default_factory=list[str])
+    code: Literal["wasm", "subprocess"] = "wasm"
+    data: Annotated[DataFolder | None, BeforeValidator(_data_shorthand)] = None
+    """A project folder the tool capsules may use: a Wasm capsule sees it at ``/data``."""
+
+
+class AuditConfig(_Model):
+    """``[audit]``: how durable a decision is before its call runs."""
+
+    durability: Literal["process", "power"] = "process"
+    """``process``: safe against the host being killed or crashing (the default, about a
+    microsecond per call); ``power``: also against a power cut (a disk sync per decision,
+    shared by the calls in flight together). Read when the host starts."""
