@@ -11,20 +11,20 @@ the scope, the scope reads nobody. What other wings may use is listed below.
 """
 
 from ._cache import load_or_build_scope as load_or_build_scope
-from ._discovery import NO_DEFAULT as NO_DEFAULT
-from ._discovery import POSITIONAL_ONLY as POSITIONAL_ONLY
-from ._discovery import POSITIONAL_OR_KEYWORD as POSITIONAL_OR_KEYWORD
-from ._discovery import VAR_KEYWORD as VAR_KEYWORD
-from ._discovery import VAR_POSITIONAL as VAR_POSITIONAL
-from ._discovery import Discovery as Discovery
-from ._discovery import Param as Param
-from ._discovery import ToolSpec as ToolSpec
 from ._discovery import discover as discover
 from ._project import Project as Project
 from ._project import default_project as default_project
 from ._project import resolve_project as resolve_project
 from ._schema import ArgumentValidator as ArgumentValidator
 from ._scope import Scope as Scope
+from ._specs import NO_DEFAULT as NO_DEFAULT
+from ._specs import POSITIONAL_ONLY as POSITIONAL_ONLY
+from ._specs import POSITIONAL_OR_KEYWORD as POSITIONAL_OR_KEYWORD
+from ._specs import VAR_KEYWORD as VAR_KEYWORD
+from ._specs import VAR_POSITIONAL as VAR_POSITIONAL
+from ._specs import Discovery as Discovery
+from ._specs import Param as Param
+from ._specs import ToolSpec as ToolSpec
 
 __all__ = [
     "load_or_build_scope",

@@ -25,11 +25,11 @@ from typing import Final
 from host.errors import DeclarationError
 
 from . import _pyright
-from ._discovery import NO_DEFAULT, Discovery, ToolSpec
 from ._docstrings import parse_docstring
 from ._model import ParamDecl, ToolDecl, TypeDecl
 from ._scope import Scope
 from ._shapes import Shapes
+from ._specs import NO_DEFAULT, Discovery, ToolSpec
 from ._typeexpr import STDLIB_NAMES, VOCABULARY, Canonical, Dangling, Opaque, canonicalise
 from ._typeindex import External, Ref, TypeIndex, parse_type
 

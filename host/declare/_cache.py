@@ -22,8 +22,8 @@ from typing import Final
 
 from . import _pyright
 from ._build import Runner, build_scope
-from ._discovery import Discovery
 from ._scope import Scope
+from ._specs import Discovery
 
 __all__ = ["cache_dir", "scope_key", "load", "store", "load_or_build_scope", "MAX_ENTRIES"]
 
@@ -40,6 +40,7 @@ _CODE: Final = (
     "_typeindex.py",
     "_docstrings.py",
     "_discovery.py",
+    "_specs.py",
 )
 """The modules whose code decides what a scope holds (their text is part of the key)."""
 
