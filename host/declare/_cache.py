@@ -41,6 +41,7 @@ _CODE: Final = (
     "_docstrings.py",
     "_discovery.py",
     "_specs.py",
+    "_reading.py",
 )
 """The modules whose code decides what a scope holds (their text is part of the key)."""
 
