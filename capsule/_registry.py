@@ -4,8 +4,9 @@ The tools folder becomes the package ``tools`` (so siblings import each other
 relatively, ``from ._helpers import slug``), and each file is imported on its own: one
 file that raises at import time does not keep the others from loading.
 
-The export rules mirror the host's ``ast`` discovery exactly; the host compares the two
-lists and refuses a file whose run-time exports differ from what it declared:
+The export rules mirror the host's ``ast`` discovery exactly (listed in
+``host.declare._discovery``, applied in ``host.declare._exports``); the host compares the
+two lists and refuses a file whose run-time exports differ from what it declared:
 
 * with ``__all__``: the names it lists; without: every public top-level name;
 * a function (or a wrapper that keeps ``__wrapped__``) is a tool if it was defined in this

@@ -17,7 +17,7 @@ import pytest
 
 from capsule import _registry
 from host import DeclarationError, Discovery, ToolSpec, discover
-from host.declare._discovery import HOST_GLOBALS
+from host.declare._exports import HOST_GLOBALS
 from host.declare._specs import (
     KEYWORD_ONLY,
     NO_DEFAULT,

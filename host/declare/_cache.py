@@ -42,6 +42,7 @@ _CODE: Final = (
     "_discovery.py",
     "_specs.py",
     "_reading.py",
+    "_exports.py",
 )
 """The modules whose code decides what a scope holds (their text is part of the key)."""
 
