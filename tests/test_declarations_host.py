@@ -3,6 +3,7 @@ validation against the input schemas before policy sees a call."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 import typing
@@ -16,7 +17,7 @@ import pytest
 from capsule import _registry
 from host import DeclarationError, Host, InvalidArguments
 from host.declare import _pyright
-from host.declare._cache import load, load_or_build_scope, scope_key
+from host.declare._cache import _CODE, load, load_or_build_scope, scope_key  # pyright: ignore[reportPrivateUsage]
 from host.declare._discovery import discover
 from host.declare._schema import _Validator, input_schema  # pyright: ignore[reportPrivateUsage]
 from host.declare._scope import Scope
@@ -100,6 +101,31 @@ def test_a_corrupt_cache_entry_is_a_miss(
     assert load_or_build_scope(discovery) == first  # rebuilt, and written again
     assert load(first.key, cache) == first and len(runs) == 2
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # no temporary files
+
+
+def test_the_cache_key_hashes_every_module_a_scope_is_built_by() -> None:
+    """Discovery and the builder, with every sibling they import: a module missing from
+    ``_CODE`` could change a scope without changing its key. ``_scope`` is not followed:
+    its renderings are recomputed from a cached model, never stored."""
+    declare = Path(load.__code__.co_filename).parent
+
+    def siblings(name: str) -> set[str]:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse((declare / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                modules = [node.module] if node.module else [a.name for a in node.names]
+                found.update(f"{m}.py" for m in modules)
+        return found
+
+    reached: set[str] = set()
+    todo = ["_discovery.py", "_build.py"]
+    while todo:
+        name = todo.pop()
+        if name not in reached and name != "_scope.py":
+            reached.add(name)
+            todo.extend(siblings(name))
+    assert sorted(reached - set(_CODE)) == []  # missing from the key
+    assert sorted(set(_CODE) - reached) == []  # stale: a file that is gone hashes as b""
 
 
 @pytest.mark.anyio
