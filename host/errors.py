@@ -176,8 +176,9 @@ class NotApproved(CallError):
 
     ``reason`` is one of ``denied`` (a person, or a remembered decision, said no),
     ``timeout`` (nobody answered by the escalation timeout), ``approver_failed`` (the
-    approver raised or answered with something else than an approval) and ``mismatch``
-    (the answer was given for another request); ``detail`` says more.
+    approver raised or answered with something else than an approval), ``mismatch``
+    (the answer was given for another request) and ``channel_not_allowed`` (an allow came
+    from a channel the rule's ``approvers`` exclude); ``detail`` says more.
     """
 
     def __init__(

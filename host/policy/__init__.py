@@ -18,12 +18,14 @@ from ._approval import Escalation as Escalation
 from ._approval import Escalations as Escalations
 from ._approval import TerminalApprover as TerminalApprover
 from ._approval import Ticket as Ticket
+from ._approval import channel_of as channel_of
 from ._approval import default_approver as default_approver
 from ._decide import Decision as Decision
 from ._decide import Policy as Policy
 from ._decide import PolicySource as PolicySource
 from ._decide import decide as decide
 from ._decide import policy_arguments as policy_arguments
+from ._files import Channel as Channel
 from ._files import PolicyConfig as PolicyConfig
 from ._files import load_policy as load_policy
 from ._quotas import Quotas as Quotas
@@ -39,6 +41,8 @@ __all__ = [
     "TerminalApprover",
     "Ticket",
     "default_approver",
+    "channel_of",
+    "Channel",
     "Decision",
     "Policy",
     "PolicySource",

@@ -20,7 +20,11 @@ What keeps an approval honest:
   the scope; a remembered deny beats a remembered allow;
 * each session has at most ``max_pending_approvals`` requests open; an identical
   request (same session, caller, tool and arguments) joins the open one instead of
-  asking again.
+  asking again;
+* a rule may name the channels whose answer counts (``approvers = ["inbox"]``): an
+  allow from any other channel (an MCP client's own user, say, which an agent driving
+  that client could fake) denies, and remembered allows do not answer such a call
+  (grants do not record their channel), so an allowed channel is asked every time.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from host._events import EventBus
 from host.audit import Grant, PendingApproval, Store
 from host.errors import LimitExceeded, NotApproved
 
-from ._files import Caller
+from ._files import Caller, Channel
 
 __all__ = [
     "Approval",
@@ -56,6 +60,7 @@ __all__ = [
     "Ticket",
     "Escalations",
     "default_approver",
+    "channel_of",
 ]
 
 Remember = Literal["once", "session", "always"]
@@ -78,6 +83,9 @@ class Approval:
     counts for that request only."""
     note: str | None = None
     """Why, in the approver's words (shown to the caller when the call is denied)."""
+    channel: Channel | None = None
+    """Where the answer came from; None: the approver's own ``channel`` (``app`` for a
+    plain function). Checked against the rule's ``approvers``."""
 
     def __post_init__(self) -> None:
         if type(self.allow) is not bool:
@@ -114,6 +122,8 @@ class ApprovalRequest:
     policy_version: str
     timeout: float
     """Seconds the call waits for an answer before it is denied."""
+    approvers: tuple[Channel, ...] | None = None
+    """The channels whose allow counts (the rule's ``approvers``); None: any."""
 
     def allow(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
         """An allow that counts for this request only."""
@@ -138,6 +148,8 @@ Approver = ApproverFunction | SupportsDecide
 
 class DenyAll:
     """Denies every escalation: the default when nobody is at a terminal."""
+
+    channel: Channel = "app"
 
     def __init__(self, note: str = "no approver is configured (nobody is at a terminal)") -> None:
         self.note = note
@@ -167,6 +179,8 @@ class TerminalApprover:
     ``stdin``); end of input denies. When the arguments carry warnings, an allow must be
     confirmed by typing ``yes``.
     """
+
+    channel: Channel = "terminal"
 
     def __init__(self, *, console: Any = None, stdin: IO[str] | None = None) -> None:
         from rich.console import Console  # only when a terminal approver is made
@@ -266,6 +280,12 @@ def default_approver() -> Approver:
     return TerminalApprover() if interactive else DenyAll()
 
 
+def channel_of(approver: object) -> Channel:
+    """The channel an approver answers on: its ``channel`` attribute, else ``app``."""
+    channel = getattr(approver, "channel", None)
+    return channel if channel in ("app", "terminal", "mcp", "inbox") else "app"
+
+
 def _as_function(approver: Approver) -> ApproverFunction:
     decide = getattr(approver, "decide", None)
     if decide is not None and callable(decide):
@@ -332,13 +352,15 @@ class Escalation:
     timeout: float
     max_pending: int
     redactor: Redactor
+    approvers: tuple[Channel, ...] | None = None
+    """The channels whose allow counts (from the decision); None: any."""
 
 
 class Escalations:
     """Open requests, session grants, and the approver: one per host."""
 
     def __init__(self, approver: Approver, store: Store, events: EventBus, host_id: str) -> None:
-        self.approver = approver
+        self._approver = approver
         self._ask_fn = _as_function(approver)
         self._store = store
         self._events = events
@@ -348,6 +370,16 @@ class Escalations:
 
     def __repr__(self) -> str:
         return f"<Escalations approver={self.approver!r} open={len(self._open)}>"
+
+    @property
+    def approver(self) -> Approver:
+        """Who answers escalations; setting it takes effect for the next request."""
+        return self._approver
+
+    @approver.setter
+    def approver(self, approver: Approver) -> None:
+        self._approver = approver
+        self._ask_fn = _as_function(approver)
 
     def open_requests(self, session: str) -> int:
         return sum(1 for key in self._open if key[0] == session)
@@ -362,6 +394,9 @@ class Escalations:
             if g.covers(e.tool, e.caller, e.args_sha256)
         ]
         grants += await self._store.find_grants(e.tool, e.caller, e.args_sha256)
+        if e.approvers is not None:
+            # Grants do not say which channel made them: only a remembered deny counts.
+            grants = [g for g in grants if not g.allow]
         if not grants:
             return None
         return next((g for g in grants if not g.allow), grants[0])
@@ -427,6 +462,7 @@ class Escalations:
             size=len(e.bound.encoded),
             policy_version=e.policy_version,
             timeout=e.timeout,
+            approvers=e.approvers,
         )
         now = time.time()
         await self._store.add_pending(
@@ -484,7 +520,7 @@ class Escalations:
                 detail=f"nobody answered within {e.timeout:g} s",
             )
         if type(answer) is bool:
-            return Approval(answer, request_id=request.id)
+            answer = Approval(answer, request_id=request.id)
         if not isinstance(answer, Approval):
             raise NotApproved(
                 e.tool,
@@ -498,6 +534,16 @@ class Escalations:
                 reason="mismatch",
                 rule=e.rule,
                 detail="the answer was given for another request",
+            )
+        channel = answer.channel or channel_of(self._approver)
+        if answer.allow and e.approvers is not None and channel not in e.approvers:
+            allowed = ", ".join(e.approvers) or "no channel"
+            raise NotApproved(
+                e.tool,
+                reason="channel_not_allowed",
+                rule=e.rule,
+                detail=f"rule {e.rule} accepts an allow only from {allowed}, "
+                f"and this one came from {channel}",
             )
         return answer
 

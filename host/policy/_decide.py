@@ -39,7 +39,7 @@ from host._binding import BoundCall
 from host.declare import VAR_KEYWORD, VAR_POSITIONAL, ToolSpec
 from host.errors import PolicyFileError
 
-from ._files import Caller, PolicyConfig, Quota, Rule, load_policy
+from ._files import Caller, Channel, PolicyConfig, Quota, Rule, load_policy
 from ._watch import Watch, open_watch
 
 __all__ = [
@@ -70,15 +70,21 @@ class Decision:
     """The version of the policy files this decision was made against."""
     matched: tuple[str, ...] = ()
     """Every rule that matched, in the order written."""
+    approvers: tuple[Channel, ...] | None = None
+    """For ``escalate``: the channels whose answer may allow the call (every matching
+    escalate rule's ``approvers``, intersected); ``None``: any channel."""
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "decision": self.decision,
             "rule": self.rule,
             "reason": self.reason,
             "policy_version": self.policy_version,
             "matched": list(self.matched),
         }
+        if self.approvers is not None:
+            data["approvers"] = list(self.approvers)
+        return data
 
 
 # -- globs ---------------------------------------------------------------------------------
@@ -267,12 +273,22 @@ class Policy:
                 self.version,
             )
         winner = max(matched, key=lambda r: _RANK[r.decision])  # max keeps the first of equals
+        approvers: tuple[Channel, ...] | None = None
+        if winner.decision == "escalate":
+            # Every matching escalate rule's restriction holds: the channels all allow.
+            for rule in matched:
+                if rule.decision == "escalate" and rule.approvers is not None:
+                    allowed = rule.approvers
+                    approvers = tuple(
+                        c for c in (approvers if approvers is not None else allowed) if c in allowed
+                    )
         return Decision(
             winner.decision,
             winner.name,
             winner.reason,
             self.version,
             tuple(r.name for r in matched),
+            approvers,
         )
 
     def quotas_for(self, tool: str) -> tuple[Quota, ...]:

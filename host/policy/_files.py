@@ -41,6 +41,7 @@ __all__ = [
     "EnvConfig",
     "CapsulesConfig",
     "DataFolder",
+    "Channel",
     "Defaults",
     "Rule",
     "Quota",
@@ -52,6 +53,10 @@ __all__ = [
 ]
 
 Decision = Literal["allow", "deny", "escalate"]
+Channel = Literal["app", "terminal", "mcp", "inbox"]
+"""Where an approval can come from: ``app`` (an approver the app passed to ``Host.open``),
+``terminal`` (the terminal approver), ``mcp`` (the user of the MCP client that made the
+call, asked by elicitation: the agent's own channel), ``inbox`` (the approval inbox)."""
 
 
 class _Model(BaseModel):
@@ -155,6 +160,9 @@ class Rule(_Model):
     """Conditions on the bound arguments, by parameter name (all must hold)."""
     reason: str | None = None
     """Shown to the approver and in the error the caller gets."""
+    approvers: list[Channel] | None = None
+    """For ``escalate``: the channels whose answer may allow the call (``["inbox"]``:
+    nothing on the agent's own channel can approve it); ``None`` means any."""
     _source: str | None = PrivateAttr(default=None)
 
     @property
