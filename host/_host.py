@@ -357,6 +357,44 @@ class Host:
             await session.supervisor.aclose()
         self.policy.close()
 
+    async def reload_tools(self) -> bool:
+        """Read the tool files again and, if their declarations changed, serve the new ones.
+
+        Every session's tool capsule and code sandbox are replaced: module state and the
+        variables of agent code are lost (a ``tools_reloaded`` event, then
+        ``capsule_started`` with ``state_lost``, say so). Returns whether anything changed.
+
+        Raises:
+            DeclarationError: the new tool files cannot be declared; the old ones stay.
+        """
+        discovery = discover(self.project.tools_dir)
+        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+        if scope.key == self.scope.key and scope.tools == self.scope.tools:
+            return False
+        self.discovery = discovery
+        self.scope = scope
+        self.mediator.retool(discovery, scope)
+        files = [f.module for f in discovery.files if not f.private]
+        sessions = list(self._sessions)
+        for session in sessions:
+            session.tools = _tree(session, discovery.tools, "app")
+            await session.supervisor.retool(discovery, files, discovery.tools)
+            await session.code.retool(discovery.tools)
+            self.events.emit(
+                "tools_reloaded",
+                session.id,
+                tools=len(discovery.tools),
+                state_lost=True,
+                message="the tool files changed: the capsule was restarted and module "
+                "state and agent code variables were lost",
+            )
+        for session in sessions:
+            try:
+                await session.supervisor.ensure()
+            except Exception as exc:  # the capsule cannot start: calls will say why
+                self.events.emit("capsule_unavailable", session.id, reason=str(exc))
+        return True
+
     @property
     def default_session(self) -> Session:
         if self._default is None:

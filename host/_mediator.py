@@ -113,6 +113,20 @@ class Mediator:
         """The policy the host started with (``[limits]``, ``[env]``, ``[capsules]``)."""
         return self._config
 
+    def retool(self, discovery: Discovery, scope: Scope | None) -> None:
+        """Serve the tools of a new discovery (the tool files changed): names, schemas."""
+        names: dict[str, ToolSpec] = {}
+        for spec in discovery.tools.values():
+            names[spec.name] = spec
+            names[spec.qualified] = spec
+        self._discovery = discovery
+        self._names = names
+        self._validator = ArgumentValidator(scope) if scope is not None else None
+
+    def redact(self, text: str) -> str:
+        """``text`` with the values of ``[env] secret`` variables replaced."""
+        return self._redactor.text(text)
+
     def forget_session(self, session: str) -> None:
         """Drop a closed session's quotas and remembered answers."""
         self.quotas.forget_session(session)
@@ -235,6 +249,7 @@ class Mediator:
                         timeout=policy.escalation_timeout,
                         max_pending=self._config.limits.max_pending_approvals,
                         redactor=self._redactor,
+                        approvers=decision.approvers,
                     )
                 )
                 record = record._replace(approval=ticket.how)

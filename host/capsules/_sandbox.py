@@ -868,6 +868,21 @@ class CodeSandbox:
             logger.exception("tool call %s from agent code failed inside the host", tool)
             return None, HostError(f"the host failed to run {tool}: {type(exc).__name__}")
 
+    async def retool(self, tools: Mapping[str, ToolSpec]) -> None:
+        """Serve new tool files: the sandbox (and its spare) is replaced; the next run
+        is told that the variables of earlier runs were lost."""
+        async with self._lock:
+            self._tools = tools
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                await spare.done.wait()
+                if spare.guest is not None:
+                    spare.guest.kill("the tool files changed")
+                    spare.guest.close()
+            if self._guest is not None:
+                await self._discard("the tool files changed")
+                self._lost = True
+
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:

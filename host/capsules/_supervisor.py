@@ -235,6 +235,27 @@ class Supervisor:
             self._events.emit("call_timed_out", self._session, tool=spec.name, timeout=timeout)
             raise
 
+    async def retool(
+        self, discovery: Discovery, files: list[str], tools: Mapping[str, ToolSpec]
+    ) -> None:
+        """Serve new tool files: the capsule is replaced (its module state is lost).
+
+        Calls in flight in the old capsule fail with ``CapsuleCrashed``; the next call (or
+        :meth:`ensure`) starts a capsule that loads the new files.
+        """
+        async with self._lock:
+            self._discovery = discovery
+            self._files = files
+            self._tools = tools
+            self.failed_files = {}
+            self._crashes.clear()
+            self._open_until = 0.0
+            self._next_start = 0.0
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            with anyio.CancelScope(shield=True):
+                await transport.kill("the tool files changed")
+
     async def aclose(self) -> None:
         self._closed = True
         transport, self._transport = self._transport, None
