@@ -24,6 +24,7 @@ from ._common import Subparsers, UsageError, dumps
 from ._exec import EXEC_COMMANDS
 from ._policy import POLICY_COMMANDS
 from ._scope import SCOPE_COMMANDS
+from ._serve import SERVE_COMMANDS
 
 __all__ = ["main", "COMMANDS"]
 
@@ -32,6 +33,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
     *EXEC_COMMANDS,
     *SCOPE_COMMANDS,
     *POLICY_COMMANDS,
+    *SERVE_COMMANDS,
 ]
 """Each adds one sub-command, in the order ``toolhost --help`` lists them."""
 
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]] = args.handler
     try:
-        status = anyio.run(handler, args)
+        status = anyio.run(handler, args, backend=getattr(args, "backend", "asyncio"))
     except UsageError as exc:
         print(f"toolhost: {exc}", file=sys.stderr)
         status = 2

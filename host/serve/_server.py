@@ -1,0 +1,716 @@
+"""The MCP server over a host: one host session per client connection.
+
+:class:`McpServer` is the official SDK's low-level server (``mcp`` 2.3) with two
+handlers, ``tools/list`` and ``tools/call``. Everything else is the host's:
+
+* **Connections are sessions.** The first call of a client connection opens a host
+  :class:`~host.Session` (its own tool capsule, code sandbox and session grants); it is
+  closed when the connection ends (end of input on stdio, the client's ``DELETE`` or the
+  idle timeout on HTTP, the server stopping). The SDK keeps per-connection state only
+  in the handshake era of the protocol (``initialize`` first), so the server serves that
+  era alone: a client that starts with the 2026 era's sessionless requests is told which
+  versions to use and falls back to ``initialize`` (the SDK's own client does).
+* **Calls are made as caller ``agent``**, through the full mediator. Tool errors come
+  back as results with ``isError`` (``_tools``); a request the server cannot take (an
+  unknown tool) is a protocol error; a failure of the host itself is a protocol error
+  that says nothing of the host's insides (the log has the detail).
+* **Escalations ask the client's user** (elicitation) when the client can be asked and
+  the rule lets the ``mcp`` channel answer; otherwise the approver the host had before
+  the server wrapped it decides.
+* **Events that concern a call or a connection reach the client**: a ``progress``
+  event of a call (``call_id``, and ``fraction`` in 0..1 and/or ``message``) is an MCP
+  progress notification when the request carried a progress token; policy decisions of
+  its calls, and capsule restarts of its session, are log notifications.
+* **Reload**: with ``reload=True`` the tool files are watched; a change rebuilds the
+  declarations, restarts every session's capsules and tells every client that the tool
+  list changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import anyio
+import anyio.abc
+import mcp.types as types
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.runner import serve_loop
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+
+from host._display import escape_text
+from host._events import Event
+from host._host import Host, Session
+from host.errors import HostError, InvalidArguments
+from host.policy import Approval, ApprovalRequest, Approver, Channel, channel_of
+
+from ._tools import (
+    RUN_CODE,
+    Listing,
+    ToolEntry,
+    call_arguments,
+    code_result,
+    error_result,
+    listing,
+    value_result,
+)
+
+__all__ = ["McpServer", "APPROVAL_SCHEMA", "connection_of"]
+
+logger = logging.getLogger("toolhost.serve")
+
+APPROVAL_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "description": "Let this tool call run?",
+            "oneOf": [
+                {"const": "approve_once", "title": "Approve once"},
+                {"const": "approve_session", "title": "Approve for this session"},
+                {"const": "approve_always", "title": "Always approve"},
+                {"const": "deny", "title": "Deny"},
+            ],
+        }
+    },
+    "required": ["decision"],
+}
+"""What the client's user is asked when a call escalates (a flat form, as MCP wants)."""
+
+_ANSWERS: Final[dict[str, tuple[bool, Literal["once", "session", "always"]]]] = {
+    "approve_once": (True, "once"),
+    "approve_session": (True, "session"),
+    "approve_always": (True, "always"),
+    "deny": (False, "once"),
+}
+_OUTBOX: Final = 256
+"""Notifications a connection holds unsent; more are dropped (a flood never blocks)."""
+_DRAIN: Final = 5.0
+"""Seconds a call's result waits for its own notifications to go out first."""
+
+LogLevel = Literal["debug", "info", "notice", "warning", "error"]
+
+
+def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection:
+    """The SDK's object for the client connection a request came on.
+
+    ``ctx.session`` is a new proxy for every request; the per-connection ``Connection``
+    (with its ``state`` and the ``exit_stack`` unwound when the connection ends) has no
+    public route from a low-level handler in mcp 2.3, only the proxy's private
+    ``_connection``. This is the one place that reaches for it, and why ``mcp`` is
+    pinned to ``>=2.3,<2.4`` (pyproject.toml).
+    """
+    return ctx.session._connection  # pyright: ignore[reportPrivateUsage]
+
+
+async def _log(
+    session: ServerSession, level: LogLevel, data: Any, related: types.RequestId | None
+) -> None:
+    """A log notification. The SDK marks logging deprecated (for the 2026 era) and warns
+    when the method is called; the warning is silenced around the call only."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        sending = session.send_log_message(  # pyright: ignore[reportDeprecated]
+            level, data, logger="toolhost", related_request_id=related
+        )
+    await sending
+
+
+async def _handshake_only(
+    ctx: ServerRequestContext[Any, Any], call_next: CallNext
+) -> HandlerResult:
+    """Refuse the 2026 era's sessionless requests, naming the versions served."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        raise MCPError(
+            code=types.UNSUPPORTED_PROTOCOL_VERSION,
+            message="toolhost serves one session per connection: start with initialize",
+            data={"supported": list(HANDSHAKE_PROTOCOL_VERSIONS)},
+        )
+    return await call_next(ctx)
+
+
+class _Server(Server[dict[str, Any]]):
+    """The SDK's low-level server, advertising ``tools.listChanged`` on every transport
+    (the HTTP session manager asks for the default options)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+@dataclass(slots=True)
+class _Note:
+    """One notification waiting to go out on a connection."""
+
+    kind: Literal["log", "progress", "tools_changed"]
+    request: _Request | None = None
+    level: LogLevel = "info"
+    data: Any = None
+    progress: float = 0.0
+    total: float | None = None
+    message: str | None = None
+
+
+class _Request:
+    """One ``tools/call`` in flight: the calls it makes and its pending notifications."""
+
+    __slots__ = ("calls", "conn", "ctx", "drained", "last", "pending", "steps", "wants_progress")
+
+    def __init__(self, conn: _Connection, ctx: ServerRequestContext[Any, Any]) -> None:
+        self.conn = conn
+        self.ctx = ctx
+        self.calls: list[str] = []
+        self.pending = 0
+        self.drained: anyio.Event | None = None
+        self.steps = 0
+        self.last = 0.0
+        self.wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
+
+    def sent(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0 and self.drained is not None:
+            self.drained.set()
+
+    async def drain(self) -> None:
+        """Wait (bounded) until this request's notifications went out before its result."""
+        if self.pending > 0:
+            self.drained = anyio.Event()
+            with anyio.move_on_after(_DRAIN):
+                await self.drained.wait()
+
+
+class _Connection:
+    """One client connection: its host session, opened on first use, and its outbox."""
+
+    def __init__(self, server: McpServer, session: ServerSession, can_elicit: bool) -> None:
+        self._server = server
+        self.proxy = session
+        """The first request's session proxy: it keeps the connection for notifications
+        outside any request (the connection's own channel)."""
+        self.can_elicit = can_elicit
+        self.session: Session | None = None
+        self.session_id: str | None = None
+        self.closed = False
+        self.dropped = 0
+        self._lock = anyio.Lock()
+        self._stack = AsyncExitStack()
+        self._send, self._receive = anyio.create_memory_object_stream[_Note](_OUTBOX)
+
+    async def open_session(self) -> Session:
+        session = self.session
+        if session is not None:
+            return session
+        async with self._lock:
+            if self.session is None:
+                if self.closed:
+                    raise HostError("the connection is closed")
+                session = await self._stack.enter_async_context(self._server.host.session())
+                self.session_id = session.id
+                self._server.bind(self, session.id)
+                self.session = session
+            return self.session
+
+    async def open_quietly(self) -> None:
+        try:
+            await self.open_session()
+        except Exception as exc:  # the first call says why
+            logger.debug("the session of a new connection did not open: %r", exc)
+
+    def push(self, note: _Note) -> None:
+        if self.closed:
+            return
+        try:
+            self._send.send_nowait(note)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            return
+        if note.request is not None:
+            note.request.pending += 1
+
+    def log(self, request: _Request | None, level: LogLevel, data: dict[str, Any]) -> None:
+        self.push(_Note("log", request, level, data))
+
+    async def pump(self) -> None:
+        """Send the outbox in order until the connection closes."""
+        async with self._receive:
+            async for note in self._receive:
+                try:
+                    await self._deliver(note)
+                except Exception as exc:  # a connection going away: nothing to tell
+                    logger.debug("notification not delivered: %r", exc)
+                finally:
+                    if note.request is not None:
+                        note.request.sent()
+
+    async def _deliver(self, note: _Note) -> None:
+        request = note.request
+        if note.kind == "tools_changed":
+            await self.proxy.send_tool_list_changed()
+        elif note.kind == "progress" and request is not None:
+            await request.ctx.session.report_progress(note.progress, note.total, note.message)
+        elif request is not None:
+            await _log(request.ctx.session, note.level, note.data, request.ctx.request_id)
+        else:
+            await _log(self.proxy, note.level, note.data, None)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self._send.close()
+        async with self._lock:
+            with anyio.CancelScope(shield=True):
+                await self._stack.aclose()
+        self._server.unbind(self)
+
+
+_REQUEST: ContextVar[_Request | None] = ContextVar("toolhost_mcp_request", default=None)
+"""The ``tools/call`` being served: set in its handler, inherited by the tasks it starts
+(the code sandbox's calls), read by the approver and the event listener."""
+
+
+class _Router:
+    """The host's approver while it serves MCP: the client's user when it can be asked
+    and the rule lets the ``mcp`` channel answer, else the approver from before."""
+
+    def __init__(self, fallback: Approver) -> None:
+        self.fallback = fallback
+        decide = getattr(fallback, "decide", None)
+        self._ask: Any = decide if callable(decide) else fallback
+        self._channel: Channel = channel_of(fallback)
+
+    def __repr__(self) -> str:
+        return f"<mcp approver, else {self.fallback!r}>"
+
+    async def decide(self, request: ApprovalRequest) -> Approval | bool:
+        current = _REQUEST.get()
+        if (
+            current is not None
+            and current.conn.can_elicit
+            and current.conn.session_id == request.session_id
+            and (request.approvers is None or "mcp" in request.approvers)
+        ):
+            return await _elicit(current, request)
+        answer = await self._ask(request)
+        if type(answer) is bool:
+            return Approval(answer, request_id=request.id, channel=self._channel)
+        if isinstance(answer, Approval) and answer.channel is None:
+            return replace(answer, channel=self._channel)
+        return answer  # anything else: the escalation denies it
+
+
+def _question(request: ApprovalRequest) -> str:
+    lines = [
+        f"Let the agent call {request.tool}?",
+        f"rule: {request.rule}" + (f": {request.reason}" if request.reason else ""),
+        "arguments, exactly as the tool will receive them:",
+        request.rendered,
+    ]
+    lines.extend(f"warning: {w}" for w in request.warnings)
+    lines.append(f"Without an answer within {request.timeout:g} s the call is denied.")
+    return "\n".join(lines)
+
+
+async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
+    """Ask the user of the client that made the call, on that call's own stream."""
+    ctx = current.ctx
+    result = await ctx.session.elicit_form(
+        _question(request), APPROVAL_SCHEMA, related_request_id=ctx.request_id
+    )
+    if result.action != "accept":
+        return Approval(
+            False,
+            request_id=request.id,
+            note=f"the user of the MCP client answered {result.action}",
+            channel="mcp",
+        )
+    choice = (result.content or {}).get("decision")
+    answer = _ANSWERS.get(choice) if isinstance(choice, str) else None
+    if answer is None:
+        return Approval(
+            False, request_id=request.id, note="the answer was none of the choices", channel="mcp"
+        )
+    allow, remember = answer
+    note = None if allow else "the user of the MCP client denied it"
+    return Approval(allow, remember, request_id=request.id, note=note, channel="mcp")
+
+
+def _tool_signature(tools_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What ``--reload`` compares: every Python file under the tools folder."""
+    out: list[tuple[str, int, int, int]] = []
+    for folder, dirs, files in os.walk(tools_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    st = os.stat(path)
+                    out.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
+_SESSION_EVENTS: Final[dict[str, tuple[LogLevel, tuple[str, ...]]]] = {
+    "capsule_crashed": ("error", ("reason",)),
+    "capsule_unavailable": ("error", ("reason",)),
+    "tool_file_failed": ("error", ("file", "reason")),
+    "call_timed_out": ("warning", ("tool", "timeout")),
+    "sandbox_reset": ("warning", ("reason", "limit")),
+    "tools_reloaded": ("notice", ("message", "tools", "state_lost")),
+}
+"""Events of a session its client is told about (as log notifications), and the fields
+it sees; ``capsule_started`` is told when it is a restart."""
+
+
+class McpServer:
+    """The tools of a host, and ``run_code``, served over MCP.
+
+    Use it open: ``async with McpServer(host).running() as server:``, then
+    :meth:`serve_stdio`, :meth:`serve_streams` (one connection over a pair of streams)
+    or :meth:`session_manager` (streamable HTTP, see ``host.serve.asgi_app``).
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        reload: bool = False,
+        reload_interval: float = 0.3,
+        name: str = "toolhost",
+    ) -> None:
+        self.host = host
+        self._reload = reload
+        self._interval = reload_interval
+        self._listing: Listing = listing(host.scope, host.discovery.tools)
+        self._connections: set[_Connection] = set()
+        self._by_session: dict[str, _Connection] = {}
+        self._calls: dict[str, _Request] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.reloads = 0
+        """How many times the tool files were reloaded with a change."""
+        self.server: Server[dict[str, Any]] = _Server(
+            name,
+            version="0.1.0",
+            instructions=(
+                "Tools of a toolhost project, each call decided by its policy. run_code runs "
+                "Python with every tool as an awaitable global; its description lists them."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.server.middleware.insert(0, _handshake_only)
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self._on_initialized
+        )
+
+    def __repr__(self) -> str:
+        return f"<McpServer {self.host!r} connections={len(self._connections)}>"
+
+    @property
+    def sessions(self) -> list[str]:
+        """The ids of the host sessions of the open client connections."""
+        return sorted(self._by_session)
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        """The MCP tools served now."""
+        return list(self._listing.tools)
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncGenerator[McpServer]:
+        """Serve: route escalations, follow events, watch the tool files if asked."""
+        escalations = self.host.mediator.escalations
+        previous = escalations.approver
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            unsubscribe = self.host.events.subscribe(self._on_event)
+            escalations.approver = _Router(previous)
+            if self._reload:
+                tg.start_soon(self._watch)
+            try:
+                yield self
+            finally:
+                escalations.approver = previous
+                unsubscribe()
+                with anyio.CancelScope(shield=True):
+                    for conn in list(self._connections):
+                        await conn.aclose()
+                self._tg = None
+                tg.cancel_scope.cancel()
+
+    def _options(self) -> InitializationOptions:
+        return self.server.create_initialization_options()
+
+    async def serve_streams(
+        self,
+        read: Any,
+        write: Any,
+    ) -> None:
+        """Serve one client connection over a pair of streams, until it ends: ``read``
+        yields ``SessionMessage | Exception``, ``write`` takes ``SessionMessage`` (anyio
+        memory object streams, or the SDK's own, as ``stdio_server`` gives)."""
+        await serve_loop(self.server, read, write, lifespan_state={}, init_options=self._options())
+
+    async def serve_stdio(self) -> None:
+        """Serve one client on this process's stdin and stdout until end of input.
+
+        While it serves, the SDK points file descriptors 0 and 1 elsewhere, so a stray
+        ``print`` cannot break the protocol.
+        """
+        async with stdio_server() as (read, write):
+            await self.serve_streams(read, write)
+
+    def session_manager(
+        self,
+        *,
+        allowed_hosts: list[str] | None = None,
+        idle_timeout: float | None = 1800.0,
+    ) -> StreamableHTTPSessionManager:
+        """The streamable HTTP transport (stateful: one session per ``Mcp-Session-Id``).
+
+        Its ``run()`` must be entered by the ASGI app's lifespan. Host and Origin headers
+        are checked (DNS rebinding): loopback names, plus ``allowed_hosts``.
+        """
+        hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", *(allowed_hosts or [])]
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=hosts,
+            allowed_origins=[f"http://{h}" for h in hosts],
+        )
+        return StreamableHTTPSessionManager(
+            app=self.server,
+            stateless=False,
+            json_response=False,
+            security_settings=security,
+            session_idle_timeout=idle_timeout,
+        )
+
+    # -- connections --------------------------------------------------------------------
+
+    def _connection(self, ctx: ServerRequestContext[Any, Any]) -> _Connection:
+        conn = connection_of(ctx)
+        state = conn.state.get("toolhost")
+        if isinstance(state, _Connection):
+            return state
+        if self._tg is None:
+            raise MCPError(code=types.INTERNAL_ERROR, message="the server is not running")
+        session = ctx.session
+        can_elicit = session.can_send_request and session.check_client_capability(
+            types.ClientCapabilities(elicitation=types.ElicitationCapability())
+        )
+        state = _Connection(self, session, can_elicit)
+        conn.state["toolhost"] = state
+        conn.exit_stack.push_async_callback(state.aclose)
+        self._connections.add(state)
+        self._tg.start_soon(state.pump)
+        return state
+
+    def bind(self, conn: _Connection, session_id: str) -> None:
+        self._by_session[session_id] = conn
+
+    def unbind(self, conn: _Connection) -> None:
+        self._connections.discard(conn)
+        if conn.session_id is not None:
+            self._by_session.pop(conn.session_id, None)
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def _on_initialized(
+        self, ctx: ServerRequestContext[Any, Any], params: types.NotificationParams | None
+    ) -> None:
+        """A client connected: open its session now, so its capsule starts while the
+        client lists the tools (a failure to start is reported by the first call)."""
+        del params
+        conn = self._connection(ctx)
+        if self._tg is not None:
+            self._tg.start_soon(conn.open_quietly)
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        del params
+        self._connection(ctx)  # so that it hears of changes to the list
+        return types.ListToolsResult(tools=self._listing.tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        entry = self._listing.entries.get(params.name)
+        if entry is None:
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message=f"Unknown tool: {escape_text(params.name[:200])}",
+            )
+        request = _Request(self._connection(ctx), ctx)
+        token = _REQUEST.set(request)
+        try:
+            result = await self._run(entry, request, params.arguments or {})
+        except HostError as exc:  # the session or sandbox cannot start, bad arguments
+            result = error_result(exc, self.host.mediator.redact)
+        except Exception:
+            logger.exception("the host failed on a call of %s", entry.tool.name)
+            raise MCPError(
+                code=types.INTERNAL_ERROR,
+                message="the host failed on this call (its log says why); the call may not "
+                "have run",
+            ) from None
+        finally:
+            _REQUEST.reset(token)
+            for call_id in request.calls:
+                self._calls.pop(call_id, None)
+        await request.drain()
+        return result
+
+    async def _run(
+        self, entry: ToolEntry, request: _Request, arguments: Mapping[str, Any]
+    ) -> types.CallToolResult:
+        session = await request.conn.open_session()
+        spec = entry.spec
+        if spec is None:  # run_code
+            code = arguments.get("code")
+            if not isinstance(code, str) or set(arguments) - {"code"}:
+                raise InvalidArguments(RUN_CODE, "run_code takes one argument, code (a string)")
+            return code_result(await session.run_code(code))
+        args, kwargs = call_arguments(entry, arguments)
+        try:
+            value = await session.call_as("agent", spec.name, args, kwargs)
+        except HostError as exc:
+            return error_result(exc, self.host.mediator.redact)
+        return value_result(entry, value, self.host.mediator.redact)
+
+    # -- events -------------------------------------------------------------------------
+
+    def _request_for(self, event: Event) -> _Request | None:
+        found = self._calls.get(str(event.data.get("call_id")))
+        if found is not None:
+            return found
+        current = _REQUEST.get()
+        if current is not None and current.conn.session_id == event.session:
+            return current
+        return None
+
+    def _on_event(self, event: Event) -> None:
+        kind = event.kind
+        data = event.data
+        redact = self.host.mediator.redact
+        if kind == "policy_decision":
+            current = _REQUEST.get()
+            if current is None or current.conn.session_id != event.session:
+                return
+            call_id = str(data.get("call_id"))
+            current.calls.append(call_id)
+            self._calls[call_id] = current
+            decision = data.get("decision")
+            level: LogLevel = (
+                "info" if decision == "allow" else "notice" if decision == "escalate" else "warning"
+            )
+            fields = ("call_id", "tool", "decision", "rule", "policy_version")
+            current.conn.log(current, level, _fields(kind, data, fields, redact))
+        elif kind in ("policy_denied", "policy_escalation"):
+            request = self._request_for(event)
+            if request is not None:
+                fields = ("call_id", "tool", "rule", "error", "request_id")
+                level = "warning" if kind == "policy_denied" else "notice"
+                request.conn.log(request, level, _fields(kind, data, fields, redact))
+        elif kind == "progress":
+            request = self._request_for(event)
+            if request is not None and request.wants_progress:
+                self._progress(request, data)
+        elif kind in _SESSION_EVENTS or (kind == "capsule_started" and data.get("restart")):
+            conn = self._by_session.get(event.session or "")
+            if conn is not None:
+                level, fields = _SESSION_EVENTS.get(kind, ("warning", ("message", "state_lost")))
+                conn.log(None, level, _fields(kind, data, fields, redact))
+
+    def _progress(self, request: _Request, data: Mapping[str, Any]) -> None:
+        fraction: Any = data.get("fraction")
+        message = data.get("message")
+        text = self.host.mediator.redact(str(message))[:1000] if message is not None else None
+        if type(fraction) in (int, float) and 0 <= fraction <= 1:
+            progress, total = max(float(fraction), request.last), 1.0
+            request.last = progress
+        else:  # a message alone: count the steps
+            request.steps += 1
+            progress, total = float(request.steps), None
+        request.conn.push(_Note("progress", request, progress=progress, total=total, message=text))
+
+    # -- reload -------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        tools_dir = self.host.project.tools_dir
+        last = _tool_signature(tools_dir)
+        while True:
+            await anyio.sleep(self._interval)
+            now = _tool_signature(tools_dir)
+            if now == last:
+                continue
+            last = now
+            while True:  # an editor writes in several steps: wait until it settles
+                await anyio.sleep(self._interval)
+                now = _tool_signature(tools_dir)
+                if now == last:
+                    break
+                last = now
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Read the tool files again; on a change, restart the sessions' capsules and
+        tell every client that the tool list changed. Returns whether it changed."""
+        try:
+            changed = await self.host.reload_tools()
+        except HostError as exc:
+            text = self.host.mediator.redact(str(exc))
+            for conn in list(self._connections):
+                conn.log(
+                    None,
+                    "error",
+                    {
+                        "event": "tools_reload_failed",
+                        "error": text,
+                        "message": "the tools served before stay until the files can be declared",
+                    },
+                )
+            return False
+        if not changed:
+            return False
+        self._listing = listing(self.host.scope, self.host.discovery.tools)
+        self.reloads += 1
+        for conn in list(self._connections):
+            conn.push(_Note("tools_changed"))
+        return True
+
+
+def _fields(
+    kind: str, data: Mapping[str, Any], names: tuple[str, ...], redact: Any
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": kind}
+    for name in names:
+        value = data.get(name)
+        if value is None:
+            continue
+        out[name] = redact(value)[:2000] if isinstance(value, str) else value
+    return out

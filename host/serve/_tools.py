@@ -1,0 +1,384 @@
+"""The declarations as MCP tools, MCP arguments as a call, and results as MCP results.
+
+Pure functions over the scope: nothing here talks to a client or starts a capsule.
+
+* A tool's MCP name is its canonical name (``kanban.add``; dots are valid in MCP tool
+  names), its description the docstring, its input schema the declarations' schema of
+  the bound arguments, as is. MCP wants an object at the root of an output schema: a
+  result declared as a TypedDict (or other object) is described as it is and sent as
+  the structured content; any other result (``int``, ``list[Task]``, a union) is
+  wrapped as ``{"result": value}``, the convention FastMCP uses too.
+* Bytes cross JSON as base64 strings (the schemas say ``contentEncoding: base64``):
+  a parameter declared ``bytes`` takes one, and bytes in a result become one.
+* An error is a result with ``isError`` whose structured content is
+  ``{"error": {"kind": ..., "message": ..., ...}}``, the host's own error data (the
+  tool's traceback stays in the audit; secrets are replaced).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import mcp.types as types
+
+from host.capsules import CodeResult
+from host.declare import (
+    POSITIONAL_ONLY,
+    POSITIONAL_OR_KEYWORD,
+    VAR_KEYWORD,
+    VAR_POSITIONAL,
+    Scope,
+    ToolSpec,
+)
+from host.errors import HostError, InvalidArguments, NotSerializable
+
+__all__ = [
+    "RUN_CODE",
+    "Listing",
+    "ToolEntry",
+    "call_arguments",
+    "error_result",
+    "listing",
+    "code_result",
+    "value_result",
+]
+
+RUN_CODE: Final = "run_code"
+"""The one tool that is not a tool file's: code mode over MCP."""
+
+_MAX_DEPTH: Final = 200
+"""Nesting a result may have over MCP: the SDK's serialiser stops at about 250 levels."""
+_TEXT_LIMIT: Final = 64 * 1024
+"""Characters of the text rendering of a result (the structured content is whole)."""
+
+_RUN_CODE_HEAD: Final = """\
+Run Python code in this session's sandbox (code mode). Every tool below is an awaitable \
+global: `x = await add(2, 3)`. Top-level `await` works; variables and imports persist \
+across run_code calls of this session. The result holds the value of the last expression, \
+the captured output (print), and each tool call made with what policy decided. A call \
+that needs a person's approval waits until they answer, then the code goes on.
+
+"""
+
+_CODE_CALL_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "tool": {"type": "string"},
+        "decision": {"enum": ["allow", "deny", "escalate", None]},
+        "ok": {"type": "boolean"},
+        "error": {"type": ["string", "null"]},
+    },
+    "required": ["tool", "decision", "ok"],
+}
+_RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "value": {"description": "The value of the last expression, as plain data."},
+        "stdout": {"type": "string"},
+        "error": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string"},
+                        "type": {"type": "string"},
+                        "message": {"type": "string"},
+                        "traceback": {"type": "string"},
+                        "limit": {"type": ["string", "null"]},
+                    },
+                    "required": ["kind", "type", "message"],
+                },
+            ]
+        },
+        "calls": {"type": "array", "items": _CODE_CALL_SCHEMA},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["ok", "value", "stdout", "error", "calls", "warnings"],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """One tool as MCP sees it, with what is needed to call it."""
+
+    tool: types.Tool
+    spec: ToolSpec | None
+    """None for ``run_code``."""
+    wrapped: bool
+    """The result is sent as ``{"result": value}`` (its schema is not an object)."""
+    bytes_params: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Every MCP tool of one version of the declarations."""
+
+    key: str
+    tools: list[types.Tool]
+    entries: Mapping[str, ToolEntry]
+
+
+def _is_object(schema: Mapping[str, Any]) -> bool:
+    if schema.get("type") == "object":
+        return True
+    ref = schema.get("$ref")
+    defs = cast("Mapping[str, Any]", schema.get("$defs") or {})
+    rest = set(schema) - {"$schema", "$defs", "$ref", "title", "description"}
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and not rest:
+        target = defs.get(ref.removeprefix("#/$defs/"))
+        return isinstance(target, Mapping) and cast("Mapping[str, Any]", target).get("type") == (
+            "object"
+        )
+    return False
+
+
+def _output_schema(schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """The MCP output schema (root: an object) and whether the result is wrapped."""
+    if schema is None:
+        return None, False
+    if _is_object(schema):
+        return {**schema, "type": "object"}, False
+    inner = {k: v for k, v in schema.items() if k not in ("$schema", "$defs")}
+    wrapped: dict[str, Any] = {
+        "$schema": schema.get("$schema", "https://json-schema.org/draft/2020-12/schema"),
+        "type": "object",
+        "properties": {"result": inner},
+        "required": ["result"],
+    }
+    if "$defs" in schema:
+        wrapped["$defs"] = schema["$defs"]
+    return wrapped, True
+
+
+def listing(scope: Scope, specs: Mapping[str, ToolSpec]) -> Listing:
+    """The MCP tools of ``scope``: every declared tool, then ``run_code``."""
+    schemas = scope.schemas()
+    tools: list[types.Tool] = []
+    entries: dict[str, ToolEntry] = {}
+    for decl in scope.tools:
+        schema = schemas[decl.name]
+        output, wrapped = _output_schema(schema["output"])
+        tool = types.Tool(
+            name=decl.name,
+            description=decl.docstring or decl.summary or f"The tool {decl.name}.",
+            input_schema=schema["input"],
+            output_schema=output,
+        )
+        tools.append(tool)
+        entries[decl.name] = ToolEntry(
+            tool,
+            specs.get(decl.name),
+            wrapped,
+            frozenset(p.name for p in decl.params if p.type == "bytes"),
+        )
+    code = types.Tool(
+        name=RUN_CODE,
+        description=_RUN_CODE_HEAD + scope.render_model(),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "description": "Python source; the last expression is the value.",
+                }
+            },
+            "required": ["code"],
+            "additionalProperties": False,
+        },
+        output_schema=_RUN_CODE_OUTPUT,
+    )
+    tools.append(code)
+    entries[RUN_CODE] = ToolEntry(code, None, False, frozenset())
+    return Listing(scope.key, tools, entries)
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def call_arguments(
+    entry: ToolEntry, arguments: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """MCP arguments (the bound form: one key per parameter) as a call's args and kwargs.
+
+    Positional-only parameters and ``*args`` go by position, ``**kwargs`` is spread;
+    the mediator binds and validates the rest (unknown names included).
+    """
+    spec = entry.spec
+    assert spec is not None
+    name = spec.name
+    remaining = dict(arguments)
+    for param in entry.bytes_params:
+        value = remaining.get(param)
+        if isinstance(value, str):
+            try:
+                remaining[param] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidArguments(
+                    name, f"{param!r} takes bytes as a base64 string", parameter=param
+                ) from None
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    star = next((p.name for p in spec.params if p.kind == VAR_POSITIONAL), None)
+    given: Any = remaining.pop(star, []) if star is not None else []
+    if not isinstance(given, list):
+        raise InvalidArguments(name, f"{star!r} takes an array", parameter=star)
+    extra = cast("list[Any]", given)
+    by_position = len(extra) > 0
+    for param in spec.params:
+        if param.kind == POSITIONAL_ONLY or (param.kind == POSITIONAL_OR_KEYWORD and by_position):
+            if param.name not in remaining:
+                break  # what follows cannot be passed by position: binding says why
+            args.append(remaining.pop(param.name))
+    args.extend(extra)
+    spread = next((p.name for p in spec.params if p.kind == VAR_KEYWORD), None)
+    if spread is not None and spread in remaining:
+        more = remaining.pop(spread)
+        if not isinstance(more, dict):
+            raise InvalidArguments(name, f"{spread!r} takes an object", parameter=spread)
+        for key, value in cast("dict[str, Any]", more).items():
+            if key in remaining:
+                raise InvalidArguments(name, f"got multiple values for {key!r}", parameter=key)
+            kwargs[key] = value
+    kwargs.update(remaining)
+    return tuple(args), kwargs
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with bytes as base64 strings; raises ValueError on what JSON cannot hold."""
+    # Iterative: a result may nest 512 deep (the wire's cap).
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
+    while stack:
+        item, into, key, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"value nested deeper than {_MAX_DEPTH} levels")
+        cls: type[Any] = type(item)  # pyright: ignore[reportUnknownVariableType]
+        if cls is bytes:
+            into[key] = base64.b64encode(item).decode("ascii")
+        elif cls is float and not math.isfinite(item):
+            raise ValueError(f"the float {item!r} has no JSON form")
+        elif cls is list:
+            items = cast("list[Any]", item)
+            copy: list[Any] = [None] * len(items)
+            into[key] = copy
+            stack.extend((v, copy, i, depth + 1) for i, v in enumerate(items))
+        elif cls is dict:
+            mapping = cast("dict[Any, Any]", item)
+            out: dict[str, Any] = {}
+            into[key] = out
+            for k, v in mapping.items():
+                if type(k) is not str:
+                    raise ValueError(f"a map key of type {type(k).__name__}")
+                out[k] = None
+                stack.append((v, out, k, depth + 1))
+        elif item is None or cls in (str, int, float, bool):
+            into[key] = item
+        else:
+            raise ValueError(f"a {cls.__name__}")
+    return root[0]
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) > _TEXT_LIMIT:
+        text = text[:_TEXT_LIMIT] + f"… ({len(text)} characters; the whole value is structured)"
+    return text
+
+
+def _text_content(text: str) -> list[types.ContentBlock]:
+    return [types.TextContent(type="text", text=text)]
+
+
+def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallToolResult:
+    """A tool error as MCP sees it: ``isError``, the kind, a message; no traceback."""
+    data = exc.to_data()
+    data.pop("traceback", None)  # the tool's own frames: kept in the host, not sent
+    clean: dict[str, Any] = {
+        k: redact(v) if isinstance(v, str) else v
+        for k, v in data.items()
+        if v is None or isinstance(v, (str, int, float, bool))
+    }
+    text = f"{clean['kind']}: {clean['message']}"
+    return types.CallToolResult(
+        content=_text_content(text), structured_content={"error": clean}, is_error=True
+    )
+
+
+def value_result(
+    entry: ToolEntry, value: Any, redact: Callable[[str], str]
+) -> types.CallToolResult:
+    """A tool's value as structured content plus a text rendering.
+
+    A value JSON cannot hold (a NaN, say) is a ``not_serializable`` error, never an
+    empty success.
+    """
+    try:
+        plain = _jsonable(value)
+        text = _text(plain)
+    except (ValueError, RecursionError) as exc:
+        name = entry.tool.name
+        return error_result(
+            NotSerializable(name, type_name=str(exc).removeprefix("a ") or "value", path="result"),
+            redact,
+        )
+    structured: dict[str, Any]
+    if entry.wrapped or not isinstance(plain, dict):
+        structured = {"result": plain}
+    else:
+        structured = cast("dict[str, Any]", plain)
+    return types.CallToolResult(content=_text_content(text), structured_content=structured)
+
+
+def code_result(result: CodeResult) -> types.CallToolResult:
+    """A ``run_code`` result: its data structured, and a text rendering to read."""
+    error = result.error.model_dump() if result.error is not None else None
+    calls = [
+        {"tool": c.tool, "decision": c.decision, "ok": c.ok, "error": c.error} for c in result.calls
+    ]
+    try:
+        value = _jsonable(result.value)
+    except (ValueError, RecursionError) as exc:
+        value = None
+        result = result.model_copy(
+            update={"warnings": [*result.warnings, f"the value has no JSON form ({exc})"]}
+        )
+    data: dict[str, Any] = {
+        "ok": result.ok,
+        "value": value,
+        "stdout": result.stdout,
+        "error": error,
+        "calls": calls,
+        "warnings": list(result.warnings),
+    }
+    lines: list[str] = []
+    if result.stdout:
+        lines.append(result.stdout.rstrip("\n"))
+    if result.ok:
+        lines.append(f"value: {_text(value)}")
+    elif result.error is not None:
+        e = result.error
+        lines.append(e.traceback.rstrip("\n") if e.traceback else f"{e.type}: {e.message}")
+        if e.kind == "limit_exceeded" or not e.traceback:
+            lines.append(f"error ({e.kind}): {e.message}")
+    if calls:
+        made = "; ".join(
+            f"{c['tool']} ({c['decision'] or 'not decided'}, "
+            f"{'ok' if c['ok'] else c['error'] or 'failed'})"
+            for c in calls
+        )
+        lines.append(f"calls: {made}")
+    lines.extend(f"warning: {w}" for w in result.warnings)
+    return types.CallToolResult(
+        content=_text_content("\n".join(lines)), structured_content=data, is_error=not result.ok
+    )

@@ -1,0 +1,281 @@
+"""Shared parts of the MCP tests: a project, a recording client, a loopback HTTP server.
+
+The client is the official ``mcp`` SDK's ``ClientSession``, never a mock; the server is
+``host.serve`` over real capsules.
+"""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp import ClientSession
+from mcp.client.session import ClientRequestContext
+from mcp.shared.memory import create_client_server_memory_streams
+
+from host import Approver, Host
+from host.serve import McpServer
+
+POLICY = """\
+version = 1
+
+[defaults]
+agent = "deny"
+escalation_timeout = "60s"
+
+[[rules]]
+id = "harmless"
+tools = ["add", "fail", "leak", "nan", "deep", "count", "blob", "extra"]
+decision = "allow"
+
+[[rules]]
+id = "notes-need-ok"
+tools = ["note"]
+decision = "escalate"
+reason = "Notes are visible to everyone."
+
+[[rules]]
+id = "inbox-only"
+tools = ["launch"]
+decision = "escalate"
+approvers = ["inbox"]
+reason = "Launching needs someone away from the agent's own screen."
+
+[[rules]]
+id = "never-wipe"
+tools = ["wipe"]
+decision = "deny"
+reason = "Wiping is never allowed."
+
+[env]
+set = {MCP_TEST_TOKEN = "tok-3c1f9e0d7b"}
+secret = ["MCP_TEST_TOKEN"]
+"""
+
+TOOLS = {
+    "desk": '''
+        import os
+        from typing import TypedDict
+
+
+        class Note(TypedDict):
+            """A note as written."""
+
+            text: str
+            length: int
+
+
+        _count = 0
+
+
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+
+        def note(text: str) -> Note:
+            """Write a note: appends it to notes.log (a side effect)."""
+            with open("notes.log", "a", encoding="utf-8") as f:
+                f.write(text + "\\n")
+            return {"text": text, "length": len(text)}
+
+
+        def wipe(folder: str) -> str:
+            """Wipe a folder (policy denies it): writes the canary file if it ever runs."""
+            with open("canary.txt", "w", encoding="utf-8") as f:
+                f.write("wiped " + folder)
+            return "wiped"
+
+
+        def launch(target: str) -> str:
+            """Launch something: appends to launched.log (a side effect)."""
+            with open("launched.log", "a", encoding="utf-8") as f:
+                f.write(target + "\\n")
+            return "launched " + target
+
+
+        def fail(message: str) -> None:
+            """Always raises ValueError(message)."""
+            raise ValueError(message)
+
+
+        def leak() -> None:
+            """Raises with a secret in its message."""
+            raise RuntimeError("token is " + os.environ["MCP_TEST_TOKEN"])
+
+
+        def nan() -> float:
+            """Returns a float JSON cannot hold."""
+            return float("nan")
+
+
+        def deep(levels: int) -> object:
+            """Returns lists nested ``levels`` deep."""
+            value: object = []
+            for _ in range(levels):
+                value = [value]
+            return value
+
+
+        def count() -> int:
+            """Counts its calls in module state (lost when the capsule restarts)."""
+            global _count
+            _count += 1
+            return _count
+
+
+        def blob(data: bytes) -> bytes:
+            """Returns its bytes reversed."""
+            return data[::-1]
+    ''',
+}
+
+
+def make_mcp_project(root: Path) -> Path:
+    (root / "tools").mkdir(parents=True)
+    for name, source in TOOLS.items():
+        (root / "tools" / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    (root / "policy.toml").write_text(POLICY, encoding="utf-8")
+    return root
+
+
+Answer = str | None
+"""What the recording client answers to an elicitation: a decision, or None: decline."""
+
+
+class Recorder:
+    """The client side's callbacks: elicitation answers, logs, notifications."""
+
+    def __init__(
+        self,
+        answers: list[Answer] | None = None,
+        on_ask: Callable[[types.ElicitRequestParams], Awaitable[None]] | None = None,
+    ) -> None:
+        self.answers = list(answers or [])
+        self.on_ask = on_ask
+        self.asked: list[types.ElicitRequestParams] = []
+        self.logs: list[types.LoggingMessageNotificationParams] = []
+        self.list_changed = 0
+
+    async def elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        del context
+        self.asked.append(params)
+        if self.on_ask is not None:
+            await self.on_ask(params)
+        answer = self.answers.pop(0) if self.answers else "deny"
+        if answer is None:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content={"decision": answer})
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append(params)
+
+    async def message(self, message: Any) -> None:
+        if isinstance(message, Exception):
+            raise message
+        if isinstance(message, types.ToolListChangedNotification):
+            self.list_changed += 1
+
+    def kwargs(self, elicitation: bool = True) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "logging_callback": self.log,
+            "message_handler": self.message,
+            "client_info": types.Implementation(name="toolhost-tests", version="1"),
+        }
+        if elicitation:
+            kw["elicitation_callback"] = self.elicit
+        return kw
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for log in self.logs:
+            data = log.data
+            if isinstance(data, dict) and data.get("event") == name:
+                found.append(data)
+        return found
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` holds (checked as the event loop turns), or fail."""
+    with anyio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling test state
+            await anyio.sleep(0.01)
+
+
+@asynccontextmanager
+async def connect(
+    server: McpServer, recorder: Recorder | None = None, elicitation: bool = True
+) -> AsyncIterator[ClientSession]:
+    """One in-memory client connection to ``server`` (handshake era)."""
+    recorder = recorder or Recorder()
+    async with (
+        create_client_server_memory_streams() as (client_streams, server_streams),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(server.serve_streams, *server_streams)
+        async with ClientSession(*client_streams, **recorder.kwargs(elicitation)) as session:
+            await session.initialize()
+            yield session
+        tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def served(
+    project: Path, *, approver: Approver | None = None, reload: bool = False
+) -> AsyncIterator[McpServer]:
+    async with (
+        Host.open(project, approver=approver or _deny) as host,
+        McpServer(host, reload=reload, reload_interval=0.05).running() as server,
+    ):
+        yield server
+
+
+async def _deny(request: Any) -> bool:
+    del request
+    return False
+
+
+class ThreadedUvicorn:
+    """uvicorn (asyncio) in a thread on a kernel-chosen loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def __enter__(self) -> ThreadedUvicorn:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
