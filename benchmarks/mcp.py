@@ -245,7 +245,7 @@ async def _profile(args: argparse.Namespace, workdir: Path) -> str:
         while not stats_file.exists():  # noqa: ASYNC110 - written by another process
             await anyio.sleep(0.05)
     if args.profile_out:
-        Path(args.profile_out).write_bytes(stats_file.read_bytes())
+        await anyio.Path(args.profile_out).write_bytes(await anyio.Path(stats_file).read_bytes())
     stats = pstats.Stats(str(stats_file))
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     groups: dict[str, float] = {}
