@@ -606,7 +606,7 @@ async def test_a_store_that_fails_mid_escalation_fails_closed(desk: Callable[...
 
     class NoPending(SQLiteStore):
         async def add_pending(self, pending: Any) -> None:
-            from host.audit._store import StoreUnavailable
+            from host.audit import StoreUnavailable
 
             raise StoreUnavailable("disk full")
 

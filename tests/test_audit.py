@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from host import Host, PolicyDenied, SQLiteStore, ToolError, ToolTimeout, UnknownTool
-from host.audit._store import StoreUnavailable
+from host.audit import StoreUnavailable
 from host.testing import in_process
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,8 @@ import anyio
 import pytest
 
 from host import AuditRecord, Grant, SQLiteStore
-from host.audit._store import DONE, PendingApproval, StoreUnavailable, read_audit
+from host.audit import DONE, PendingApproval, StoreUnavailable
+from host.audit._store import read_audit
 
 pytestmark = pytest.mark.anyio
 

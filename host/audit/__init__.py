@@ -9,14 +9,14 @@ Imports only the standard library and ``host.errors``; never ``capsules``, ``pol
 that file imports nothing of the host at all. What other wings may use is listed below.
 """
 
-from ._store import DONE as DONE
-from ._store import AuditRecord as AuditRecord
-from ._store import Grant as Grant
-from ._store import Outcome as Outcome
-from ._store import PendingApproval as PendingApproval
+from ._records import DONE as DONE
+from ._records import AuditRecord as AuditRecord
+from ._records import Grant as Grant
+from ._records import Outcome as Outcome
+from ._records import PendingApproval as PendingApproval
+from ._records import Store as Store
+from ._records import StoreUnavailable as StoreUnavailable
 from ._store import SQLiteStore as SQLiteStore
-from ._store import Store as Store
-from ._store import StoreUnavailable as StoreUnavailable
 
 __all__ = [
     "DONE",

@@ -1,0 +1,205 @@
+"""The store's interface and the records it speaks, the same for every backend.
+
+:class:`Store` is the small interface the mediator writes through; :class:`SQLiteStore`
+(``_sqlite.py``) implements it on one SQLite file. A PostgreSQL implementation, for hosts
+that share approvals across machines, only has to provide the same methods and speak the
+same records.
+
+The audit contract (ARCHITECTURE.md, "The path of one call"):
+
+* a call's decision is written, durably, before the call is dispatched
+  (:meth:`Store.record` with ``durable=True``), and its outcome after
+  (:meth:`Store.finish`); a call refused before dispatch gets one terminal record;
+* a record left ``started`` by a host that died is closed as ``unknown`` by the next
+  host that opens the store (:meth:`Store.start`). Each host holds a lock file under
+  ``.agent/hosts/`` while it runs, so a live host's open records are never closed;
+* any failure to write raises :class:`StoreUnavailable`; the mediator then refuses the
+  call (fail closed). Nothing here ever sees raw argument values: records carry a hash,
+  a size and a redacted, bounded summary made by the caller.
+
+Nothing here knows a database or the journal: a backend's module imports this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Generator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, NamedTuple, Protocol
+
+__all__ = [
+    "DONE",
+    "AuditRecord",
+    "Grant",
+    "PendingApproval",
+    "Store",
+    "StoreUnavailable",
+    "Outcome",
+]
+
+Outcome = Literal["started", "ok", "denied", "failed", "unknown"]
+"""``started`` until the call ends; then exactly one terminal outcome."""
+
+
+class _Done:
+    """An awaitable that is already done: what a write that finished at once returns."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: Any = _Done()
+"""Returned by :meth:`Store.record`/:meth:`Store.finish` when the write is already as
+durable as asked; the mediator then has nothing to wait for."""
+
+
+class StoreUnavailable(Exception):
+    """The state database cannot be read or written; the message says why."""
+
+
+class AuditRecord(NamedTuple):
+    """One call in the audit trail. Argument values never appear: only hash and summary.
+
+    Immutable (a named tuple: one is made for every call, so it must be cheap to make);
+    ``record._replace(field=...)`` gives a changed copy. The fields before ``seq`` are the
+    ``audit`` table's columns in order.
+    """
+
+    call_id: str
+    host_id: str
+    started: float
+    """Unix time the call was received."""
+    session: str
+    caller: str
+    tool: str
+    """The canonical tool name, or the requested name (escaped, bounded) if unknown."""
+    outcome: Outcome
+    policy_version: str | None = None
+    decision: str | None = None
+    """``allow``, ``deny`` or ``escalate``; ``None`` when refused before policy."""
+    rule: str | None = None
+    approval: str | None = None
+    """How an escalation was answered (``once``, ``session``, ``always``, ``grant 3``, ...)."""
+    args_sha256: str | None = None
+    args_size: int | None = None
+    args_summary: str | None = None
+    """A redacted, bounded JSON summary of the arguments."""
+    ended: float | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    seq: int | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A remembered answer to an escalation: ``allow`` or deny, for a tool and caller."""
+
+    tool: str
+    caller: str
+    allow: bool
+    args_sha256: str | None
+    """The exact arguments it covers; ``None``: every call of the tool."""
+    created: float = 0.0
+    rule: str | None = None
+    summary: str | None = None
+    """A redacted summary of the arguments it was given for."""
+    id: int | None = None
+    session: str | None = None
+    """Set for a grant that lasts one session (kept in memory, never stored)."""
+
+    @property
+    def scope(self) -> Literal["call", "tool"]:
+        return "tool" if self.args_sha256 is None else "call"
+
+    def covers(self, tool: str, caller: str, args_sha256: str) -> bool:
+        return (
+            self.tool == tool
+            and self.caller == caller
+            and (self.args_sha256 is None or self.args_sha256 == args_sha256)
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["scope"] = self.scope
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """An escalation waiting for its answer (for inboxes in other processes)."""
+
+    id: str
+    host_id: str
+    created: float
+    expires: float
+    call_id: str
+    session: str
+    caller: str
+    tool: str
+    rule: str | None
+    reason: str | None
+    args_sha256: str
+    rendered: str
+
+    def to_data(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Store(Protocol):
+    """What the host needs from its state database. Every method may raise
+    :class:`StoreUnavailable`."""
+
+    async def start(self, host_id: str) -> int:
+        """Open for the host ``host_id``; close records of dead hosts as ``unknown``.
+
+        Returns how many records were closed.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
+        """Add one audit record. The returned awaitable is done once it is durable
+        (with ``durable``: safe for the call to be dispatched); return :data:`DONE` when
+        it already is. A plain ``async def`` implementation is fine too."""
+        ...
+
+    def finish(
+        self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
+    ) -> Awaitable[None]:
+        """Close a ``started`` record with its outcome (awaitable as :meth:`record`)."""
+        ...
+
+    async def tail(self, count: int) -> list[AuditRecord]:
+        """The last ``count`` records, oldest first."""
+        ...
+
+    async def add_grant(self, grant: Grant) -> Grant:
+        """Persist an ``always`` grant; returns it with its id."""
+        ...
+
+    async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Grant]:
+        """The live grants covering this exact call."""
+        ...
+
+    async def grants(self) -> list[Grant]:
+        """Every live grant, oldest first."""
+        ...
+
+    async def revoke_grant(self, grant_id: int) -> bool:
+        """Revoke a grant; False if there is no live grant with that id."""
+        ...
+
+    async def add_pending(self, pending: PendingApproval) -> None: ...
+
+    async def remove_pending(self, pending_id: str) -> None: ...
+
+    async def pending(self) -> list[PendingApproval]: ...
