@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -27,6 +26,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 
 from . import _journal
+from ._hostlock import HostLock
 from ._journal import COLUMNS, END, ROW, Ingester, Journal
 from ._records import DONE, AuditRecord, Grant, Outcome, PendingApproval, StoreUnavailable
 
@@ -98,62 +98,6 @@ PRAGMA user_version = 1;
 
 if AuditRecord._fields[:-1] != COLUMNS:  # the journal writes records as tuples
     raise ImportError("AuditRecord's fields and the audit journal's columns disagree")
-
-
-# -- host liveness: one locked file per running host ---------------------------------------
-
-if sys.platform != "win32":
-    import fcntl
-
-    def _lock(fd: int) -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-else:  # pragma: no cover - no advisory locks: other hosts' records are left open
-
-    def _lock(fd: int) -> bool:
-        del fd
-        return False
-
-
-class _HostLock:
-    """A file under ``hosts/`` locked while the host runs; the OS drops it when we die."""
-
-    def __init__(self, folder: Path, host_id: str) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{host_id}.lock"
-        # Locked before it appears under its name, so no other host ever sees it unlocked.
-        hidden = folder / f".{host_id}.{os.getpid()}.tmp"
-        self._fd: int | None = os.open(hidden, os.O_CREAT | os.O_RDWR, 0o600)
-        _lock(self._fd)
-        os.replace(hidden, self.path)
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            os.close(fd)
-
-    @staticmethod
-    def is_dead(folder: Path, host_id: str) -> bool:
-        """True when no running host holds ``host_id``'s lock (its file is then removed)."""
-        path = folder / f"{host_id}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return True
-        try:
-            if not _lock(fd):
-                return False
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return True
-        finally:
-            os.close(fd)
 
 
 # -- SQLite ----------------------------------------------------------------------------------
@@ -259,7 +203,7 @@ class SQLiteStore:
         self._interval = interval
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
-        self._lock: _HostLock | None = None
+        self._lock: HostLock | None = None
         self._journal: Journal | None = None
         self._ingester: Ingester | None = None
         self._open: set[str] = set()
@@ -320,7 +264,7 @@ class SQLiteStore:
         def open_and_reconcile() -> int:
             try:
                 self._conn = self._connect()
-                self._lock = _HostLock(self._hosts, host_id)
+                self._lock = HostLock(self._hosts, host_id)
                 self._journal = Journal(
                     self._journals, host_id, sync_dirs=self.durability == "power"
                 )
@@ -356,7 +300,7 @@ class SQLiteStore:
         def work(conn: sqlite3.Connection) -> int:
             journals = _journal.segments(self._journals)
             for host, paths in journals.items():  # records that never reached the database
-                if host != mine and _HostLock.is_dead(self._hosts, host):
+                if host != mine and HostLock.is_dead(self._hosts, host):
                     _journal.replay(conn, paths)
             hosts = [
                 row[0]
@@ -365,7 +309,7 @@ class SQLiteStore:
                     "UNION SELECT DISTINCT host_id FROM pending"
                 )
             ]
-            dead = [h for h in hosts if h != mine and _HostLock.is_dead(self._hosts, h)]
+            dead = [h for h in hosts if h != mine and HostLock.is_dead(self._hosts, h)]
             closed = 0
             now = time.time()
             for host in dead:
@@ -380,7 +324,7 @@ class SQLiteStore:
                 conn.execute("COMMIT")
             for stale in self._hosts.glob("*.lock"):  # hosts that died with nothing open
                 if stale.stem != mine:
-                    _HostLock.is_dead(self._hosts, stale.stem)
+                    HostLock.is_dead(self._hosts, stale.stem)
             return closed
 
         return await self._run(work)
