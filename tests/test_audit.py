@@ -42,7 +42,7 @@ PROBE_TOOLS = {
         def peek() -> dict:
             """What the audit trail says about the newest call, seen from inside a call
             (from another process, as any reader of the project's state sees it)."""
-            from host.audit._store import read_audit
+            from host.audit._reading import read_audit
 
             (row,) = read_audit(Path(os.environ["AUDIT_DB"]), 1)
             return {"call_id": row.call_id, "outcome": row.outcome, "decision": row.decision}

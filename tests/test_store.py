@@ -13,7 +13,7 @@ import pytest
 
 from host import AuditRecord, Grant, SQLiteStore
 from host.audit import DONE, PendingApproval, StoreUnavailable
-from host.audit._store import read_audit
+from host.audit._reading import read_audit
 
 pytestmark = pytest.mark.anyio
 

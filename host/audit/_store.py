@@ -1,8 +1,8 @@
-"""The :class:`~host.audit._records.Store` on SQLite, and reading the audit trail back.
+"""The :class:`~host.audit._records.Store` on SQLite.
 
 :class:`SQLiteStore` implements the store on one SQLite file in WAL mode
 (``.agent/state.db`` of the project); the interface, the records it speaks and the audit
-contract are in ``_records.py``.
+contract are in ``_records.py``, reading the trail back in ``_reading.py``.
 
 :class:`SQLiteStore` makes an audit record durable by appending it to a memory-mapped
 journal (``host/audit/_journal.py``): about a microsecond on the event loop's thread, and
@@ -28,6 +28,7 @@ import anyio
 from . import _journal
 from ._hostlock import HostLock
 from ._journal import COLUMNS, END, ROW, Ingester, Journal
+from ._reading import columns, tail_audit
 from ._records import DONE, AuditRecord, Grant, Outcome, PendingApproval, StoreUnavailable
 
 __all__ = [
@@ -101,59 +102,6 @@ if AuditRecord._fields[:-1] != COLUMNS:  # the journal writes records as tuples
 
 
 # -- SQLite ----------------------------------------------------------------------------------
-
-
-def _columns(row: sqlite3.Row) -> dict[str, Any]:
-    return {k: row[k] for k in row.keys()}  # noqa: SIM118 - a Row iterates its values
-
-
-def _audit(row: sqlite3.Row) -> AuditRecord:
-    return AuditRecord(**_columns(row))
-
-
-def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[AuditRecord]:
-    """The last ``count`` audit records, oldest first, from the database and the journals
-    (of running hosts, or of dead ones not yet replayed) under ``journals``."""
-    count = max(count, 0)
-    rows = conn.execute("SELECT * FROM audit ORDER BY seq DESC LIMIT ?", (count,)).fetchall()
-    records = {r.call_id: r for r in (_audit(row) for row in reversed(rows))}
-    fresh: dict[str, AuditRecord] = {}
-    ends: dict[str, list[Any]] = {}
-    for paths in _journal.segments(journals).values():
-        for path in paths:
-            for entry in _journal.read_segment(path):
-                if entry[0] == ROW:
-                    fresh[entry[1]] = AuditRecord(*entry[1:])
-                else:
-                    ends[entry[1]] = entry
-    if fresh:  # journaled rows that already reached the database are the database's
-        ids = list(fresh)
-        for at in range(0, len(ids), 500):
-            chunk = ids[at : at + 500]
-            marks = ", ".join("?" * len(chunk))
-            for (call_id,) in conn.execute(
-                f"SELECT call_id FROM audit WHERE call_id IN ({marks})", chunk
-            ):
-                fresh.pop(call_id, None)
-    merged = list(records.values()) + list(fresh.values())
-    out: list[AuditRecord] = []
-    for record in merged[len(merged) - count :] if count else []:
-        end = ends.get(record.call_id)
-        if end is not None and record.outcome == "started":
-            record = record._replace(outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
-        out.append(record)
-    return out
-
-
-def read_audit(path: Path, count: int) -> list[AuditRecord]:
-    """The last ``count`` records of the audit trail of the database at ``path`` as any
-    reader sees it, journals of running hosts included (read-only; any process)."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return tail_audit(conn, path.parent / "journal", count)
-    finally:
-        conn.close()
 
 
 def _grant(row: sqlite3.Row) -> Grant:
@@ -526,6 +474,6 @@ class SQLiteStore:
     async def pending(self) -> list[PendingApproval]:
         def work(conn: sqlite3.Connection) -> list[PendingApproval]:
             rows = conn.execute("SELECT * FROM pending ORDER BY created").fetchall()
-            return [PendingApproval(**_columns(row)) for row in rows]
+            return [PendingApproval(**columns(row)) for row in rows]
 
         return await self._run(work)
