@@ -16,7 +16,7 @@ from ._records import Outcome as Outcome
 from ._records import PendingApproval as PendingApproval
 from ._records import Store as Store
 from ._records import StoreUnavailable as StoreUnavailable
-from ._store import SQLiteStore as SQLiteStore
+from ._sqlite import SQLiteStore as SQLiteStore
 
 __all__ = [
     "DONE",
