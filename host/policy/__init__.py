@@ -13,13 +13,13 @@ use is listed below.
 from ._approval import Approval as Approval
 from ._approval import ApprovalRequest as ApprovalRequest
 from ._approval import Approver as Approver
-from ._approval import DenyAll as DenyAll
 from ._approval import Escalation as Escalation
 from ._approval import Escalations as Escalations
-from ._approval import TerminalApprover as TerminalApprover
 from ._approval import Ticket as Ticket
 from ._approval import channel_of as channel_of
-from ._approval import default_approver as default_approver
+from ._approvers import DenyAll as DenyAll
+from ._approvers import TerminalApprover as TerminalApprover
+from ._approvers import default_approver as default_approver
 from ._decide import Decision as Decision
 from ._decide import Policy as Policy
 from ._decide import PolicySource as PolicySource

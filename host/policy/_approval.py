@@ -25,20 +25,18 @@ What keeps an approval honest:
   allow from any other channel (an MCP client's own user, say, which an agent driving
   that client could fake) denies, and remembered allows do not answer such a call
   (grants do not record their channel), so an allowed channel is asked every time.
+
+The approvers that ship (deny-all and the terminal's) are in ``_approvers.py``.
 """
 
 from __future__ import annotations
 
-import functools
-import select
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import IO, Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import anyio
 
@@ -55,11 +53,8 @@ __all__ = [
     "Approval",
     "ApprovalRequest",
     "Approver",
-    "DenyAll",
-    "TerminalApprover",
     "Ticket",
     "Escalations",
-    "default_approver",
     "channel_of",
 ]
 
@@ -144,140 +139,6 @@ class SupportsDecide(Protocol):
 
 
 Approver = ApproverFunction | SupportsDecide
-
-
-class DenyAll:
-    """Denies every escalation: the default when nobody is at a terminal."""
-
-    channel: Channel = "app"
-
-    def __init__(self, note: str = "no approver is configured (nobody is at a terminal)") -> None:
-        self.note = note
-
-    def __repr__(self) -> str:
-        return "<DenyAll>"
-
-    async def decide(self, request: ApprovalRequest) -> Approval:
-        del request
-        return Approval(False, note=self.note)
-
-
-_CHOICES: dict[str, tuple[str, Approval]] = {
-    "y": ("allow once", Approval(True)),
-    "s": ("allow for this session", Approval(True, "session")),
-    "a": ("always allow this exact call", Approval(True, "always")),
-    "t": ("always allow this tool", Approval(True, "always", "tool")),
-    "n": ("deny", Approval(False)),
-    "d": ("always deny this exact call", Approval(False, "always")),
-}
-
-
-class TerminalApprover:
-    """Asks the person at the terminal, one request at a time (the default on a tty).
-
-    The prompt goes to stderr (or ``console``) and the answer is read from stdin (or
-    ``stdin``); end of input denies. When the arguments carry warnings, an allow must be
-    confirmed by typing ``yes``.
-    """
-
-    channel: Channel = "terminal"
-
-    def __init__(self, *, console: Any = None, stdin: IO[str] | None = None) -> None:
-        from rich.console import Console  # only when a terminal approver is made
-
-        self._console: Any = console if console is not None else Console(stderr=True)
-        self._stdin = stdin
-        self._lock: anyio.Lock | None = None
-
-    def __repr__(self) -> str:
-        return "<TerminalApprover>"
-
-    async def decide(self, request: ApprovalRequest) -> Approval:
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        cancelled = threading.Event()
-        try:
-            async with self._lock:
-                ask = functools.partial(self._ask, request, cancelled)
-                return await anyio.to_thread.run_sync(ask, abandon_on_cancel=True)
-        finally:
-            # A prompt abandoned at the escalation timeout stops reading within 0.2 s,
-            # so it cannot swallow the answer meant for the next prompt.
-            cancelled.set()
-
-    def _readline(self, cancelled: threading.Event | None = None) -> str | None:
-        stream = self._stdin if self._stdin is not None else sys.stdin
-        if stream is None:  # pyright: ignore[reportUnnecessaryComparison]
-            return None
-        if cancelled is not None and sys.platform != "win32":
-            try:
-                fd: int | None = stream.fileno()
-            except (OSError, ValueError):  # not a real file (a test's StringIO)
-                fd = None
-            while fd is not None and not select.select([fd], [], [], 0.2)[0]:
-                if cancelled.is_set():
-                    return None
-            if cancelled.is_set():
-                return None
-        line = stream.readline()
-        return line if line else None
-
-    def _ask(self, request: ApprovalRequest, cancelled: threading.Event | None = None) -> Approval:
-        from rich.panel import Panel
-        from rich.table import Table
-        from rich.text import Text
-
-        head = Table.grid(padding=(0, 2))
-        head.add_column(style="bold")
-        head.add_column()
-        head.add_row("tool", Text(request.tool))
-        head.add_row("caller", Text(f"{request.caller}   session {request.session_id}"))
-        head.add_row("rule", Text(request.rule))
-        if request.reason:
-            head.add_row("why", Text(request.reason))
-        head.add_row("waits", Text(f"{request.timeout:g} s, then the call is denied"))
-        body = Table.grid()
-        body.add_row(head)
-        body.add_row(Text("\narguments, exactly as the tool will receive them:", style="bold"))
-        body.add_row(Text(request.rendered))
-        if request.warnings:
-            body.add_row(Text("\nwarnings:", style="bold red"))
-            for warning in request.warnings:
-                body.add_row(Text(f"  ! {warning}", style="red"))
-        console = self._console
-        console.print(Panel(body, title="approval needed", border_style="yellow"))
-        menu = "  ".join(f"[{key}] {label}" for key, (label, _) in _CHOICES.items())
-        while True:
-            console.print(Text(menu))
-            console.print(Text("answer: "), end="")
-            line = self._readline(cancelled)
-            if cancelled is not None and cancelled.is_set():
-                console.print(Text("(no answer in time: denied)"))
-                return Approval(False, note="no answer in time")
-            if line is None:
-                console.print(Text("(no input: denied)"))
-                return Approval(False, note="the terminal closed")
-            choice = _CHOICES.get(line.strip().lower()[:1])
-            if choice is None:
-                continue
-            approval = choice[1]
-            if approval.allow and request.warnings:
-                console.print(Text("The arguments carry warnings. Type yes to allow: "), end="")
-                confirm = self._readline(cancelled)
-                if confirm is None or confirm.strip().lower() != "yes":
-                    console.print(Text("not confirmed: denied"))
-                    return Approval(False, note="an allow was not confirmed")
-            return Approval(approval.allow, approval.remember, approval.scope, request.id)
-
-
-def default_approver() -> Approver:
-    """The terminal approver when stdin is a terminal, else deny-all."""
-    stdin = sys.stdin
-    try:
-        interactive = stdin is not None and stdin.isatty()  # pyright: ignore[reportUnnecessaryComparison]
-    except (OSError, ValueError):
-        interactive = False
-    return TerminalApprover() if interactive else DenyAll()
 
 
 def channel_of(approver: object) -> Channel:
