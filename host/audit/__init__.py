@@ -4,8 +4,8 @@ Owns the memory-mapped journal (where a decision becomes durable before its call
 dispatched) and the store behind it (SQLite in ``.agent/state.db``): the audit trail,
 remembered grants and pending approvals.
 
-Imports only the standard library and ``host.errors``; never ``capsules``, ``policy`` or
-``declare``. The journal's writer runs ``_journal.py`` by path in a process of its own, so
+Imports the standard library, anyio and ``host.errors``; never ``capsules``, ``policy``
+or ``declare``. The journal's writer runs ``_journal.py`` by path in a process of its own, so
 that file imports nothing of the host at all. What other wings may use is listed below.
 """
 
