@@ -1,4 +1,4 @@
-"""The sandbox's pipe from the host's side (``host.capsules._sandbox._Guest``), over a bare pipe.
+"""The sandbox's pipe from the host's side (``host.capsules._guest_pipe.Guest``), over a bare pipe.
 
 No guest runs here: the test writes what a guest would, and checks that frames come out
 whole and in order however the bytes arrive, that a broken stream is a ``BadFrame``, that
@@ -20,18 +20,18 @@ import anyio.lowlevel
 import pytest
 
 from capsule import protocol as p
-from host.capsules import _sandbox  # pyright: ignore[reportPrivateUsage]
-from host.capsules._sandbox import _Guest  # pyright: ignore[reportPrivateUsage]
+from host.capsules import _guest_pipe  # pyright: ignore[reportPrivateUsage]
+from host.capsules._guest_pipe import Guest  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.anyio
 
 
 @contextmanager
-def guest_pipe() -> Generator[tuple[_Guest, int]]:
+def guest_pipe() -> Generator[tuple[Guest, int]]:
     """A guest reading the host's end of a pipe, and the write end (the guest's stdout)."""
     host_read, guest_write = os.pipe()
     host_write, guest_read = os.pipe()
-    guest = _Guest(cast(anyio.abc.Process, None), host_write, host_read)
+    guest = Guest(cast(anyio.abc.Process, None), host_write, host_read)
     ours = {fd: os.fstat(fd).st_ino for fd in (guest_write, guest_read)}
     try:
         yield guest, guest_write
@@ -124,7 +124,7 @@ async def test_output_nobody_reads_is_not_read_ahead_without_bound() -> None:
                 stuck += 1
             await anyio.lowlevel.checkpoint()
         held = guest._held + guest._decoder.pending  # pyright: ignore[reportPrivateUsage]
-        assert held <= _sandbox._BACKLOG + (1 << 18)  # pyright: ignore[reportPrivateUsage]
+        assert held <= _guest_pipe._BACKLOG + (1 << 18)  # pyright: ignore[reportPrivateUsage]
         assert sent < len(stream)  # the rest waits: the pipe is full and unread
         # A reader takes it all, in order, and then sees the partial frame end at EOF.
         for _ in range(sent // len(frame)):

@@ -11,10 +11,10 @@ capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path i
 process and imports nothing of the host. What other wings may use is listed below.
 """
 
+from ._code_results import CodeCall as CodeCall
+from ._code_results import CodeError as CodeError
+from ._code_results import CodeResult as CodeResult
 from ._process import minimal_env as minimal_env
-from ._sandbox import CodeCall as CodeCall
-from ._sandbox import CodeError as CodeError
-from ._sandbox import CodeResult as CodeResult
 from ._sandbox import CodeSandbox as CodeSandbox
 from ._supervisor import Supervisor as Supervisor
 from ._transport import FileReport as FileReport

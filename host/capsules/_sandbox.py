@@ -16,16 +16,16 @@ call is in flight (tools, approvals) does not count. ``code_max_calls`` is count
 naming it; the sandbox is replaced, and the next run is told its variables were lost.
 The replacement (also after ``reset_code``) boots in the background at once, so it is
 usually ready by the time the agent runs code again.
+
+Here: :class:`CodeSandbox`, which starts guests and serves their runs. The guest's pipes
+and its frames are ``_guest_pipe.py``'s; the result models, ``_code_results.py``'s.
 """
 
 from __future__ import annotations
 
-import asyncio  # noqa: TID251 - the pipe reader of _Guest, as in _pipes.py
 import contextlib
 import logging
-import os
 import sys
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -33,293 +33,44 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
-import sniffio
-from pydantic import BaseModel, ConfigDict, Field
 
 from capsule import protocol as p
 from host._events import Event, EventBus
 from host.declare import ToolSpec
-from host.errors import (
-    HostError,
-    InvalidArguments,
-    NotApproved,
-    PolicyDenied,
-    ToolUnavailable,
-    UnknownTool,
-)
+from host.errors import HostError, ToolUnavailable
 from host.settings import Limits
 
 from . import _forkserver, _wasm
+from ._code_results import (
+    LOST,
+    MAX_TEXT,
+    CodeCall,
+    CodeError,
+    CodeResult,
+    SandboxKind,
+    decision_of,
+    frame_str,
+    guest_error,
+    limit_error,
+)
+from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
 
-__all__ = ["CodeCall", "CodeError", "CodeResult", "CodeSandbox", "SandboxKind"]
+__all__ = ["CodeSandbox"]
 
 logger = logging.getLogger("toolhost.sandbox")
 
-SandboxKind = Literal["wasm", "subprocess"]
 AgentCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 
 _CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
 _GUEST_MAIN = "from capsule._guest import main; main()"
-_MAX_TEXT = 64 * 1024
 _TICK = 0.05
-_CHUNK = 1 << 18
-_BACKLOG = 4 * 1024 * 1024
-"""Bytes of the guest's output read ahead with nobody reading them: then it waits."""
-_HEADER = p.HEADER
 _FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
 """Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
-_LOST = "the sandbox was restarted: variables and imports of earlier runs were lost"
 
 _DECISIONS: ContextVar[list[str] | None] = ContextVar("toolhost_code_decisions", default=None)
 """Set while a tool call from agent code runs: collects the ``policy_decision`` events that
 the mediator emits for it (listeners run in the emitting task, so in this context)."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class CodeCall(_Model):
-    """One tool call made by agent code."""
-
-    tool: str
-    """The tool name as the code wrote it (canonical when it resolves)."""
-    decision: Literal["allow", "deny", "escalate"] | None
-    """What policy made of it; None when it never got that far (unknown tool, bad args)."""
-    ok: bool
-    error: str | None = None
-    """The error's kind (``policy_denied``, ``tool_error``, ...) when it failed."""
-
-
-class CodeError(_Model):
-    """Why a run failed. ``traceback`` shows the agent's own code only."""
-
-    kind: str
-    """``exception`` for an ordinary Python exception, else the host error's kind."""
-    type: str
-    message: str
-    traceback: str = ""
-    limit: str | None = None
-    """For ``limit_exceeded``: which limit (``code_timeout``, ``code_memory``, ...)."""
-
-
-class CodeResult(_Model):
-    """What one ``run_code`` did."""
-
-    ok: bool
-    value: Any = None
-    """The value of the last expression, as plain data (None if there was none)."""
-    stdout: str = ""
-    """Captured ``print`` output (and stderr), at most ``code_max_output`` characters."""
-    error: CodeError | None = None
-    calls: list[CodeCall] = Field(default_factory=list[CodeCall])
-    warnings: list[str] = Field(default_factory=list[str])
-    """Things the code should know: calls never awaited, a lost sandbox, a non-plain value."""
-    sandbox: SandboxKind = "wasm"
-
-
-class _Dead(Exception):
-    """Internal: the guest's pipes are closed."""
-
-
-class _Guest:
-    """One sandbox child process and its pipes.
-
-    Its output is read as it arrives and split into frames (:meth:`next` decodes them):
-    on asyncio by a reader callback that stays registered with the loop, as
-    ``host/_pipes.py`` reads capsules (``anyio.wait_readable`` registers and unregisters
-    the pipe for every wait, and a callback that only wakes the reader runs again, with
-    the pipe still unread, before the reader does). It stops reading while more than
-    :data:`_BACKLOG` bytes wait with nobody reading them (the guest then blocks on its
-    full pipe), and reads again when :meth:`next` runs out. On trio, whose wait is cheap,
-    :meth:`next` waits and reads itself.
-    """
-
-    def __init__(self, process: anyio.abc.Process, write_fd: int, read_fd: int) -> None:
-        os.set_blocking(write_fd, False)
-        os.set_blocking(read_fd, False)
-        self.process = process
-        self._wfd = write_fd
-        self._rfd = read_fd
-        self._decoder = p.FrameDecoder(p.MAX_FRAME)
-        self._ready: deque[bytes] = deque()
-        self._held = 0
-        """Bytes of the frames in ``_ready``."""
-        self._ended = False
-        """The read pipe reached EOF (or failed) or broke the framing (``_broken``)."""
-        self._broken: p.BadFrame | None = None
-        self._pack = p.packer()
-        self._wlock = anyio.Lock()
-        self.stderr_tail = bytearray()
-        self.killed: str | None = None
-        self.exited = anyio.Event()
-        self.closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """The asyncio loop whose reader callback reads the pipe, while one does."""
-        self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.killed is None and not self.closed and self.process.returncode is None
-
-    async def send(self, value: dict[str, Any]) -> None:
-        body = self._pack(value)
-        data = _HEADER.pack(len(body)) + body
-        lock = self._wlock
-        if self.closed:
-            raise _Dead
-        if not lock.locked():
-            # Nobody else is writing (the usual case): a small frame goes out in one write,
-            # with no lock taken; only the rest of a partial write holds it.
-            try:
-                written = os.write(self._wfd, data)
-            except BlockingIOError:
-                written = 0
-            except OSError:
-                raise _Dead from None
-            if written == len(data):
-                return
-            lock.acquire_nowait()  # free: nothing was awaited since locked()
-        else:
-            written = 0
-            await lock.acquire()
-        view = memoryview(data)[written:]
-        try:
-            while view:
-                if self.closed:
-                    raise _Dead
-                try:
-                    view = view[os.write(self._wfd, view) :]
-                except BlockingIOError:
-                    try:
-                        await anyio.wait_writable(self._wfd)
-                    except anyio.ClosedResourceError:
-                        raise _Dead from None
-                except OSError:
-                    raise _Dead from None
-        finally:
-            lock.release()
-
-    async def next(self) -> dict[str, Any] | None:
-        """The next frame from the guest; None once its output is closed.
-
-        Raises:
-            p.BadFrame: the frame, or the framing of the stream, breaks the wire rules.
-        """
-        ready = self._ready
-        while not ready:
-            if self._broken is not None:
-                raise self._broken
-            if self._ended or self.closed:
-                return None
-            if not await self._more():  # closed by aclose() while a run reads
-                return None
-        body = ready.popleft()
-        self._held -= len(body)
-        return p.as_map(p.decode(body))
-
-    async def _more(self) -> bool:
-        """Wait for more of the guest's output; False if the pipe was closed meanwhile."""
-        loop = self._loop
-        if loop is None:
-            if sniffio.current_async_library() == "asyncio":
-                loop = asyncio.get_running_loop()
-                try:
-                    loop.add_reader(self._rfd, self._on_readable)
-                except NotImplementedError:  # a loop without readers: anyio's own wait
-                    loop = None
-                else:
-                    self._loop = loop
-            if loop is None:
-                return await self._read_generic()
-        if self._waiter is not None:  # as anyio's wait would: one reader at a time
-            raise anyio.BusyResourceError("reading from")
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-        return not self.closed
-
-    async def _read_generic(self) -> bool:
-        # Wait first: after a frame the pipe is most likely empty, and a read that fails
-        # with EAGAIN costs a system call and an exception.
-        try:
-            await anyio.wait_readable(self._rfd)
-        except anyio.ClosedResourceError:
-            return False
-        if self.closed:
-            return False
-        self._read()
-        return True
-
-    def _read(self) -> None:
-        """Read one chunk from the pipe and split it into frames."""
-        try:
-            data = os.read(self._rfd, _CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._ended = True
-            return
-        try:
-            bodies = self._decoder.feed(data)
-        except p.BadFrame as exc:  # raised by next() once the frames split off before are read
-            self._broken = exc
-            self._ended = True
-            return
-        for body in bodies:
-            self._held += len(body)
-            self._ready.append(body)
-
-    def _on_readable(self) -> None:
-        self._read()
-        if self._ended:
-            self._unwatch()  # else a pipe at EOF is readable on every loop iteration
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if self._ready or self._ended:
-                waiter.set_result(None)
-        elif self._held + self._decoder.pending > _BACKLOG:
-            self._unwatch()  # nobody reads: next() watches again when it runs out
-
-    def _unwatch(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.remove_reader(self._rfd)
-
-    def kill(self, reason: str) -> None:
-        if self.killed is None:
-            self.killed = reason
-        kill_tree(self.process.pid)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._unwatch()  # before the descriptor is closed (and its number reused)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-        for fd in (self._wfd, self._rfd):
-            anyio.notify_closing(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def exit_reason(self) -> str:
-        code = self.process.returncode
-        tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()
-        trap = [line for line in tail if line.startswith(_wasm.TRAP_PREFIX)]
-        if trap:
-            return "the guest trapped: " + trap[-1][len(_wasm.TRAP_PREFIX) :]
-        if code is None:
-            return "it stopped answering"
-        if code < 0:
-            return f"it was killed by signal {-code}"
-        return f"it exited with status {code}"
 
 
 class _Spare:
@@ -327,7 +78,7 @@ class _Spare:
 
     def __init__(self) -> None:
         self.done = anyio.Event()
-        self.guest: _Guest | None = None
+        self.guest: Guest | None = None
 
 
 _CallRecord = tuple[str, Literal["allow", "deny", "escalate"] | None, bool, str | None]
@@ -360,33 +111,6 @@ class _Run:
         return out
 
 
-def _limit(limit: str, message: str) -> CodeError:
-    return CodeError(
-        kind="limit_exceeded",
-        type="LimitExceeded",
-        message=f"limit {limit} exceeded: {message}; {_LOST}",
-        limit=limit,
-    )
-
-
-def _decision(
-    exc: HostError | None, decided: list[str]
-) -> Literal["allow", "deny", "escalate"] | None:
-    """The mediator's decision (from its event), else what the outcome implies."""
-    for decision in decided:
-        if decision == "allow" or decision == "deny" or decision == "escalate":
-            return decision
-    if exc is None:
-        return "allow"
-    if isinstance(exc, PolicyDenied):
-        return "deny"
-    if isinstance(exc, NotApproved):
-        return "escalate"
-    if isinstance(exc, (UnknownTool, InvalidArguments)):
-        return None
-    return "allow"
-
-
 def _error_for_guest(exc: HostError) -> dict[str, Any]:
     """The error as the agent's code may see it: its own fields, no host traceback."""
     data: dict[str, Any] = {}
@@ -394,17 +118,8 @@ def _error_for_guest(exc: HostError) -> dict[str, Any]:
         if key == "traceback":
             continue  # a tool's traceback names host paths: the agent gets type and message
         if isinstance(value, (str, int, float, bool)) or value is None:
-            data[key] = value[:_MAX_TEXT] if isinstance(value, str) else value
+            data[key] = value[:MAX_TEXT] if isinstance(value, str) else value
     return data
-
-
-def _str(msg: Mapping[str, Any], key: str, cap: int = _MAX_TEXT) -> str:
-    value = msg.get(key, "")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise p.BadFrame(f"{key!r} must be a string")
-    return value[:cap]
 
 
 class CodeSandbox:
@@ -430,7 +145,7 @@ class CodeSandbox:
         self._events = events
         self._session = session
         self._tg = task_group
-        self._guest: _Guest | None = None
+        self._guest: Guest | None = None
         self._lock = anyio.Lock()
         self._runs = 0
         self._lost = False
@@ -497,14 +212,14 @@ class CodeSandbox:
             [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
         )
 
-    async def _start(self) -> _Guest:
+    async def _start(self) -> Guest:
         try:
             process, wfd, rfd = await self._spawn()
         except (_wasm.WasmUnavailable, OSError) as exc:
             raise ToolUnavailable(
                 "run_code", reason=f"the code sandbox cannot start: {exc}"
             ) from exc
-        guest = _Guest(process, wfd, rfd)
+        guest = Guest(process, wfd, rfd)
         self._tg.start_soon(self._watch, guest)
         tools = [
             [spec.name, spec.file, spec.export, spec.member, spec.installed]
@@ -522,8 +237,8 @@ class CodeSandbox:
                 )
                 msg = await guest.next()
             if msg is None or msg.get("k") != p.K_READY:
-                raise _Dead
-        except (_Dead, TimeoutError, p.BadFrame) as exc:
+                raise Dead
+        except (Dead, TimeoutError, p.BadFrame) as exc:
             guest.kill("it failed to start")
             with anyio.move_on_after(5):
                 await guest.exited.wait()
@@ -539,7 +254,7 @@ class CodeSandbox:
         )
         return guest
 
-    async def _watch(self, guest: _Guest) -> None:
+    async def _watch(self, guest: Guest) -> None:
         """Drain the guest's stderr (console events, bounded) until it exits."""
         stream = guest.process.stderr
         assert stream is not None
@@ -601,7 +316,7 @@ class CodeSandbox:
             spare.guest.kill("the session is closing")
             spare.guest.close()
 
-    async def _fresh(self) -> _Guest:
+    async def _fresh(self) -> Guest:
         """The prefetched sandbox if there is a good one, else a new one."""
         spare, self._spare = self._spare, None
         if spare is not None:
@@ -633,7 +348,7 @@ class CodeSandbox:
                     self._lost = True
                 self._guest = await self._fresh()
                 if self._lost:
-                    warnings.append(_LOST)
+                    warnings.append(LOST)
                     self._lost = False
             guest = self._guest
             self._runs += 1
@@ -641,18 +356,18 @@ class CodeSandbox:
             try:
                 await guest.send({"k": p.K_RUN, "id": run.id, "source": source})
                 await self._drive(guest, run)
-            except _Dead:
+            except Dead:
                 pass
             except p.BadFrame as exc:
                 run.failure = CodeError(
                     kind="protocol_error",
                     type="ProtocolError",
-                    message=f"the sandbox broke the wire protocol ({exc}); {_LOST}",
+                    message=f"the sandbox broke the wire protocol ({exc}); {LOST}",
                 )
                 self._events.emit("protocol_error", self._session, error=str(exc))
             return await self._finish(guest, run, warnings)
 
-    async def _finish(self, guest: _Guest, run: _Run, warnings: list[str]) -> CodeResult:
+    async def _finish(self, guest: Guest, run: _Run, warnings: list[str]) -> CodeResult:
         done = run.done
         if run.failure is None and done is None:
             await self._discard("it died")
@@ -660,7 +375,7 @@ class CodeSandbox:
             run.failure = CodeError(
                 kind="capsule_crashed",
                 type="CapsuleCrashed",
-                message=f"the code sandbox crashed ({reason}); {_LOST}",
+                message=f"the code sandbox crashed ({reason}); {LOST}",
             )
         if run.failure is not None:
             await self._discard(run.failure.message)
@@ -680,15 +395,7 @@ class CodeSandbox:
         error: CodeError | None = None
         raw_error = done.get("error")
         if raw_error is not None:
-            e = p.as_map(raw_error)
-            limit = e.get("limit")
-            error = CodeError(
-                kind=_str(e, "kind", 64) or "exception",
-                type=_str(e, "type", 200),
-                message=_str(e, "message"),
-                traceback=_str(e, "traceback"),
-                limit=limit if isinstance(limit, str) else None,
-            )
+            error = guest_error(raw_error)
             if error.kind == "limit_exceeded" and error.limit in ("code_memory", "code_max_output"):
                 # Memory ran out (or output overflowed) inside the guest: its state may be
                 # half-made, so it is replaced, and the result says so.
@@ -698,7 +405,7 @@ class CodeSandbox:
                     "sandbox_reset", self._session, reason=error.message, limit=error.limit
                 )
                 error = error.model_copy(
-                    update={"message": f"limit {error.limit} exceeded: {error.message}; {_LOST}"}
+                    update={"message": f"limit {error.limit} exceeded: {error.message}; {LOST}"}
                 )
         raw_warnings: Any = done.get("warnings") or []
         if not isinstance(raw_warnings, list):
@@ -712,14 +419,14 @@ class CodeSandbox:
         return CodeResult(
             ok=ok,
             value=value if ok else None,
-            stdout=_str(done, "stdout", self._limits.code_max_output),
+            stdout=frame_str(done, "stdout", self._limits.code_max_output),
             error=error,
             calls=run.records(),
             warnings=warnings,
             sandbox=self.kind,
         )
 
-    async def _drive(self, guest: _Guest, run: _Run) -> None:
+    async def _drive(self, guest: Guest, run: _Run) -> None:
         """Serve the run's tool calls until it is done, fails, or hits a limit."""
         broken: p.BadFrame | None = None
         async with anyio.create_task_group() as tg:
@@ -732,7 +439,7 @@ class CodeSandbox:
         if broken is not None:
             raise broken
 
-    async def _serve(self, guest: _Guest, run: _Run, tg: anyio.abc.TaskGroup) -> None:
+    async def _serve(self, guest: Guest, run: _Run, tg: anyio.abc.TaskGroup) -> None:
         while True:
             msg = await guest.next()
             if msg is None or run.failure is not None:
@@ -744,7 +451,7 @@ class CodeSandbox:
                     continue  # left over from an earlier run: it gets no answer
                 run.made += 1
                 if run.made > self._limits.code_max_calls:
-                    run.failure = _limit(
+                    run.failure = limit_error(
                         "code_max_calls",
                         f"the code made more than {self._limits.code_max_calls} tool calls",
                     )
@@ -795,7 +502,7 @@ class CodeSandbox:
                 break
         return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
 
-    async def _clock(self, guest: _Guest, run: _Run) -> None:
+    async def _clock(self, guest: Guest, run: _Run) -> None:
         """Count sandbox time (none while a tool call is in flight); kill at the limit."""
         budget = self._limits.code_timeout
         used = 0.0
@@ -807,7 +514,7 @@ class CodeSandbox:
                 used += now - last
             last = now
             if used > budget:
-                run.failure = _limit(
+                run.failure = limit_error(
                     "code_timeout", f"the code ran for more than {budget:g} s of sandbox time"
                 )
                 guest.kill("code_timeout")
@@ -815,7 +522,7 @@ class CodeSandbox:
 
     async def _tool_call(
         self,
-        guest: _Guest,
+        guest: Guest,
         run: _Run,
         scope: anyio.CancelScope | None,
         call_id: int,
@@ -848,12 +555,12 @@ class CodeSandbox:
             return
         value, failure = outcome
         if failure is None:
-            run.calls.append((name, _decision(None, decided), True, None))
+            run.calls.append((name, decision_of(None, decided), True, None))
             reply = {"k": p.K_OK, "id": call_id, "value": value}
         else:
-            run.calls.append((name, _decision(failure, decided), False, failure.kind))
+            run.calls.append((name, decision_of(failure, decided), False, failure.kind))
             reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
-        with contextlib.suppress(_Dead):
+        with contextlib.suppress(Dead):
             await guest.send(reply)
 
     async def _outcome(
