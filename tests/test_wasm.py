@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from host.capsules import _wasm
+from host.capsules import _wasm, _wasm_cache
 
 pytestmark = [pytest.mark.wasm]
 
 
 @pytest.fixture(scope="session")
-def wasm_prepared() -> _wasm.Prepared:
+def wasm_prepared() -> _wasm_cache.Prepared:
     """The runtime compiled into the user's cache (slow once per machine, then ~1 ms)."""
-    return _wasm.prepare_blocking()
+    return _wasm_cache.prepare_blocking()
 
 
 def run_guest(
-    prepared: _wasm.Prepared,
+    prepared: _wasm_cache.Prepared,
     code: str,
     *,
     preopens: list[_wasm.Preopen] | None = None,
@@ -53,7 +53,7 @@ def run_guest(
     )
 
 
-def test_cache_is_private_and_keyed(wasm_prepared: _wasm.Prepared) -> None:
+def test_cache_is_private_and_keyed(wasm_prepared: _wasm_cache.Prepared) -> None:
     cwasm = Path(wasm_prepared.cwasm)
     folder = cwasm.parent
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
@@ -64,13 +64,13 @@ def test_cache_is_private_and_keyed(wasm_prepared: _wasm.Prepared) -> None:
     assert wasm_prepared.python.startswith("3.")
     # A second prepare reuses the compiled module and the library as they are.
     before = cwasm.stat().st_mtime_ns
-    again = _wasm.prepare_blocking()
+    again = _wasm_cache.prepare_blocking()
     assert again == wasm_prepared
     assert cwasm.stat().st_mtime_ns == before
 
 
 def test_refuses_a_module_anybody_could_have_written(
-    wasm_prepared: _wasm.Prepared, tmp_path: Path
+    wasm_prepared: _wasm_cache.Prepared, tmp_path: Path
 ) -> None:
     shared = tmp_path / "shared.cwasm"
     shared.write_bytes(Path(wasm_prepared.cwasm).read_bytes()[:64])
@@ -83,7 +83,7 @@ def test_refuses_a_module_anybody_could_have_written(
     assert b"not a private cache file" in done.stderr
 
 
-def test_guest_gets_exactly_the_argv_and_env_given(wasm_prepared: _wasm.Prepared) -> None:
+def test_guest_gets_exactly_the_argv_and_env_given(wasm_prepared: _wasm_cache.Prepared) -> None:
     secret = os.environ["CANARY_SECRET"]
     done = run_guest(
         wasm_prepared,
@@ -98,7 +98,7 @@ def test_guest_gets_exactly_the_argv_and_env_given(wasm_prepared: _wasm.Prepared
 
 
 def test_preopens_are_read_only_unless_writable(
-    wasm_prepared: _wasm.Prepared, tmp_path: Path
+    wasm_prepared: _wasm_cache.Prepared, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -135,7 +135,7 @@ def test_preopens_are_read_only_unless_writable(
     assert (writable / "ok.txt").read_text() == "fine"
 
 
-def test_no_files_without_a_preopen(wasm_prepared: _wasm.Prepared, tmp_path: Path) -> None:
+def test_no_files_without_a_preopen(wasm_prepared: _wasm_cache.Prepared, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("canary-file-contents")
     code = (
@@ -157,7 +157,7 @@ def test_no_files_without_a_preopen(wasm_prepared: _wasm.Prepared, tmp_path: Pat
     assert out.count("refused") == 5, out
 
 
-def test_memory_is_capped_and_the_guest_survives(wasm_prepared: _wasm.Prepared) -> None:
+def test_memory_is_capped_and_the_guest_survives(wasm_prepared: _wasm_cache.Prepared) -> None:
     code = (
         "try:\n"
         "    b = bytearray(512 * 1024 * 1024)\n"
@@ -171,7 +171,7 @@ def test_memory_is_capped_and_the_guest_survives(wasm_prepared: _wasm.Prepared) 
     assert done.stdout.decode().split() == ["memory", "error", "499500"]
 
 
-def test_a_trap_is_reported_and_ends_only_the_child(wasm_prepared: _wasm.Prepared) -> None:
+def test_a_trap_is_reported_and_ends_only_the_child(wasm_prepared: _wasm_cache.Prepared) -> None:
     code = "import sys; sys.setrecursionlimit(10**6)\ndef f(n): return f(n + 1)\nf(0)"
     done = run_guest(wasm_prepared, f"exec({code!r})")
     # Deep recursion ends in a RecursionError or a stack-exhaustion trap, never a host abort.
@@ -180,7 +180,7 @@ def test_a_trap_is_reported_and_ends_only_the_child(wasm_prepared: _wasm.Prepare
         assert _wasm.TRAP_PREFIX.encode() in done.stderr
 
 
-def test_child_ends_when_its_host_goes_away(wasm_prepared: _wasm.Prepared) -> None:
+def test_child_ends_when_its_host_goes_away(wasm_prepared: _wasm_cache.Prepared) -> None:
     """The lifeline: a guest blocked forever dies with the process that started it."""
     spec = _wasm.GuestSpec(
         cwasm=wasm_prepared.cwasm,

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from host import Host, HostError
-from host.capsules import _forkserver, _wasm
+from host.capsules import _forkserver, _wasm, _wasm_cache
 
 from .conftest import ROOT
 from .fixtures.e2e.helpers import sigkill_host_script, wait_gone, wait_until
@@ -35,7 +35,7 @@ PROBE = (
 
 
 @pytest.fixture
-async def lease(wasm_prepared: _wasm.Prepared) -> AsyncIterator[_forkserver.Lease]:
+async def lease(wasm_prepared: _wasm_cache.Prepared) -> AsyncIterator[_forkserver.Lease]:
     held = _forkserver.Lease(wasm_prepared.cwasm)
     try:
         yield held
@@ -67,7 +67,7 @@ class Guest:
 
 
 async def start(
-    lease: _forkserver.Lease, prepared: _wasm.Prepared, code: str = PROBE, **env: str
+    lease: _forkserver.Lease, prepared: _wasm_cache.Prepared, code: str = PROBE, **env: str
 ) -> Guest:
     spec = _wasm.GuestSpec(
         cwasm=prepared.cwasm,
@@ -83,7 +83,7 @@ def _pipe_inode(fd: int) -> str:
 
 
 async def test_a_forked_guest_gets_its_own_pipes_and_nothing_else(
-    lease: _forkserver.Lease, wasm_prepared: _wasm.Prepared
+    lease: _forkserver.Lease, wasm_prepared: _wasm_cache.Prepared
 ) -> None:
     first = await start(lease, wasm_prepared, SEEN="yes")
     second = await start(lease, wasm_prepared)
@@ -132,7 +132,7 @@ async def test_a_forked_guest_gets_its_own_pipes_and_nothing_else(
 
 
 async def test_a_killed_guest_reports_its_signal(
-    lease: _forkserver.Lease, wasm_prepared: _wasm.Prepared
+    lease: _forkserver.Lease, wasm_prepared: _wasm_cache.Prepared
 ) -> None:
     guest = await start(lease, wasm_prepared)
     try:
@@ -145,7 +145,7 @@ async def test_a_killed_guest_reports_its_signal(
 
 
 async def test_letting_go_of_a_running_guest_kills_it(
-    lease: _forkserver.Lease, wasm_prepared: _wasm.Prepared
+    lease: _forkserver.Lease, wasm_prepared: _wasm_cache.Prepared
 ) -> None:
     guest = await start(lease, wasm_prepared)
     await guest.line()
@@ -158,7 +158,7 @@ async def test_letting_go_of_a_running_guest_kills_it(
 
 
 async def test_guests_die_with_the_server_and_a_new_server_takes_over(
-    lease: _forkserver.Lease, wasm_prepared: _wasm.Prepared
+    lease: _forkserver.Lease, wasm_prepared: _wasm_cache.Prepared
 ) -> None:
     guest = await start(lease, wasm_prepared)
     await guest.line()
@@ -178,7 +178,7 @@ async def test_guests_die_with_the_server_and_a_new_server_takes_over(
         await again.close()
 
 
-async def test_the_last_lease_stops_the_server(wasm_prepared: _wasm.Prepared) -> None:
+async def test_the_last_lease_stops_the_server(wasm_prepared: _wasm_cache.Prepared) -> None:
     first = _forkserver.Lease(wasm_prepared.cwasm)
     second = _forkserver.Lease(wasm_prepared.cwasm)
     server = first.server().process

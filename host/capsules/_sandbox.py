@@ -40,7 +40,7 @@ from host.declare import ToolSpec
 from host.errors import HostError, ToolUnavailable
 from host.settings import Limits
 
-from . import _forkserver, _wasm
+from . import _forkserver, _wasm, _wasm_cache
 from ._code_results import (
     LOST,
     MAX_TEXT,
@@ -170,7 +170,7 @@ class CodeSandbox:
 
     async def _spawn(self) -> tuple[anyio.abc.Process, int, int]:
         if self.kind == "wasm":
-            prepared = await _wasm.prepare()
+            prepared = await _wasm_cache.prepare()
             spec = _wasm.GuestSpec(
                 cwasm=prepared.cwasm,
                 argv=_wasm.boot_argv(_GUEST_MAIN),

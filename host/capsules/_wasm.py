@@ -1,9 +1,9 @@
 """The Wasm runtime behind one small interface: which CPython-WASI build runs guests, the
-engine settings, the private compiled-module cache, and running one contained guest.
+engine settings, and running one contained guest.
 
 Everything that touches wasmtime runs in a child process (``host/_wasm_child.py``),
-never in the host: :func:`prepare` compiles the runtime once into a private cache, and
-:func:`spawn_guest` starts one child per guest with the protocol pipes as the guest's
+never in the host: ``_wasm_cache.py`` compiles the runtime once into a private cache,
+and :func:`spawn_guest` starts one child per guest with the protocol pipes as the guest's
 stdin and stdout (code sandboxes get theirs forked from a server that has the module
 loaded already: ``host/_forkserver.py``). A stuck guest is ended by killing its process.
 
@@ -13,17 +13,18 @@ marked writable (wasmtime-py's default is read-write, so the flag is always pass
 a memory cap on the store; no network (WASI preview 1 has no sockets, and none are added).
 
 To swap the runtime, describe another build with :class:`Runtime`: the rest of the host
-only sees :class:`Prepared` paths and :class:`GuestSpec`.
+only sees the cache's ``Prepared`` paths and :class:`GuestSpec`.
+
+The child loads this file by path: its top level imports the standard library only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -32,12 +33,10 @@ __all__ = [
     "Runtime",
     "Preopen",
     "GuestSpec",
-    "Prepared",
     "WasmUnavailable",
     "default_runtime",
-    "cache_root",
-    "prepare",
-    "prepare_blocking",
+    "private_file",
+    "new_engine",
     "spawn_guest",
     "load",
     "run_guest",
@@ -187,42 +186,6 @@ def disk_usage(path: str) -> int:
     return total
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A runtime compiled for this wasmtime, and the guest library, in the private cache."""
-
-    runtime: str
-    python: str
-    cwasm: str
-    lib: str
-
-
-# -- the private cache ------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """``$TOOLHOST_CACHE``, else ``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost``."""
-    explicit = os.environ.get("TOOLHOST_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "toolhost"
-
-
-def _private_dir(path: Path) -> Path:
-    """``path`` as a folder only this user can use; refuses one that anybody else could."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise WasmUnavailable(f"{path} is not a folder (a link?); refusing it as the cache")
-    if info.st_uid != os.getuid():
-        raise WasmUnavailable(f"{path} belongs to another user; refusing it as the cache")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
 def private_file(path: Path) -> bool:
     """Whether ``path`` is a regular file of this user that nobody else may write."""
     try:
@@ -232,92 +195,10 @@ def private_file(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _wasmtime_version() -> str:
-    from importlib.metadata import version
-
-    return version("wasmtime")
-
-
-def _settings_key(runtime: Runtime) -> str:
-    import hashlib
-
-    text = json.dumps(
-        [runtime.sha256, _wasmtime_version(), dict(ENGINE_SETTINGS), sys.platform],
-        sort_keys=True,
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def _lib_sources() -> list[tuple[str, Path]]:
-    """(guest-relative name, host file) of the guest library."""
-    import msgpack  # pyright: ignore[reportMissingTypeStubs]
-
-    files: list[tuple[str, Path]] = []
-    capsule_dir = _HOST_ROOT / "capsule"
-    for path in sorted(capsule_dir.glob("*.py")):
-        files.append((f"capsule/{path.name}", path))
-    msgpack_dir = Path(msgpack.__file__).resolve().parent
-    for name in ("__init__.py", "exceptions.py", "ext.py", "fallback.py"):
-        files.append((f"msgpack/{name}", msgpack_dir / name))
-    return files
-
-
-_LIB_LAYOUT = b"lib 2: stdlib copy"
-"""Changes when the library's layout does (a new key: the cache is rebuilt)."""
-
-_BUILD_LIB = f"""
-import os, sys
-
-def started_from_zip():
-    # The standard library the sandbox's guest imports while starting, as zip entries
-    # (a package whole: its submodules are looked up in its own folder only).
-    zips = [p for p in sys.path if p.endswith(".zip") and os.path.isfile(p)]
-    if not zips:
-        return None, set()
-    import capsule._guest
-    found = set()
-    for module in list(sys.modules.values()):
-        origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
-        if origin.startswith(zips[0] + "/"):
-            name = origin[len(zips[0]) + 1 :]
-            found.add(name.rsplit("/", 1)[0] + "/" if hasattr(module, "__path__") else name)
-    return zips[0], found
-
-path, found = started_from_zip()
-import compileall, zipfile
-os.mkdir({STDLIB_GUEST!r})
-if path is not None:
-    with zipfile.ZipFile(path) as archive:
-        for entry in archive.namelist():
-            if entry in found or any(d.endswith("/") and entry.startswith(d) for d in found):
-                target = {STDLIB_GUEST!r}
-                for part in entry.split("/")[:-1]:
-                    target += "/" + part
-                    if not os.path.isdir(target):
-                        os.mkdir(target)
-                if not entry.endswith("/"):
-                    with open(target + "/" + entry.rsplit("/", 1)[-1], "wb") as out:
-                        out.write(archive.read(entry))
-sys.exit(not compileall.compile_dir({LIB_GUEST!r}, quiet=1))
-"""
-"""Run by the guest over a writable copy of its library: copies the standard library
-modules the sandbox's guest imports while starting out of the runtime's zip (whose
-directory alone takes ~18 ms to read at every start), then compiles the library."""
-
-
-def _lib_key(key: str, files: Sequence[tuple[str, Path]]) -> str:
-    import hashlib
-
-    digest = hashlib.sha256(key.encode() + _LIB_LAYOUT)
-    for name, path in files:
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:24]
-
-
 # -- running one guest (in the child process) --------------------------------------------
 
 
-def _engine() -> Any:
+def new_engine() -> Any:
     import wasmtime
 
     config = wasmtime.Config()
@@ -337,7 +218,7 @@ def load(cwasm: str) -> tuple[Any, Any, Any]:
     if not private_file(Path(cwasm)):
         # deserialize_file trusts its input: only a file this user's cache made is loaded.
         raise WasmUnavailable(f"{cwasm} is not a private cache file; refusing to load it")
-    engine = _engine()
+    engine = new_engine()
     module = wasmtime.Module.deserialize_file(engine, cwasm)
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
@@ -401,137 +282,7 @@ BOOT_ENV: Final[Mapping[str, str]] = {"PYTHONPATH": STDLIB_GUEST}
 """The environment :func:`boot_argv` needs."""
 
 
-def _guest_env() -> dict[str, str]:
-    return {"MSGPACK_PUREPYTHON": "1", "PYTHONHASHSEED": "random"}
-
-
-def _compile(runtime: Runtime, target: Path) -> None:
-    import hashlib
-    import tempfile
-
-    import wasmtime
-
-    data = runtime.wasm.read_bytes()
-    if hashlib.sha256(data).hexdigest() != runtime.sha256:
-        raise WasmUnavailable(f"{runtime.wasm} does not have its pinned SHA-256; not compiling it")
-    module = wasmtime.Module(_engine(), data)
-    fd, tmp = tempfile.mkstemp(prefix=".cwasm-", dir=target.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(module.serialize())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> None:
-    """Copy the guest library and let the guest itself compile it to ``.pyc``."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    tmp = Path(tempfile.mkdtemp(prefix=".lib-", dir=target.parent))
-    try:
-        for name, source in files:
-            dest = tmp / name
-            dest.parent.mkdir(exist_ok=True)
-            shutil.copyfile(source, dest)
-        spec = GuestSpec(
-            cwasm=str(cwasm),
-            argv=guest_argv(_BUILD_LIB),
-            env=_guest_env(),
-            preopens=[Preopen(str(tmp), LIB_GUEST, writable=True)],
-        )
-        done = subprocess.run(
-            child_command(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            cwd=str(_HOST_ROOT),
-            env=child_env(spec),
-            check=False,
-        )
-        if done.returncode != 0:
-            raise WasmUnavailable(
-                "the guest could not compile its library: "
-                + done.stderr.decode("utf-8", "replace")[-2000:]
-            )
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # another process won the race: theirs is the same
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def prepare_blocking(runtime: Runtime | None = None, root: Path | None = None) -> Prepared:
-    """Compile the runtime and build the guest library in the cache, unless already there.
-
-    Blocking and slow the first time (seconds): call it from a child process or a thread.
-    """
-    runtime = runtime or default_runtime()
-    base = _private_dir((root or cache_root()) / "wasm")
-    key = _settings_key(runtime)
-    cwasm = base / f"{runtime.name}-{key}.cwasm"
-    if not private_file(cwasm):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(cwasm)  # a file we did not make, or a link: never load it
-        _compile(runtime, cwasm)
-    files = _lib_sources()
-    lib = base / f"lib-{_lib_key(key, files)}"
-    if not lib.is_dir() or lib.is_symlink():
-        _build_lib(cwasm, lib, files)
-    return Prepared(runtime.name, runtime.python, str(cwasm), str(lib))
-
-
-# -- the host side ----------------------------------------------------------------------
-
-_prepared: dict[tuple[str, str], Prepared] = {}
-
-
-async def prepare(runtime: Runtime | None = None) -> Prepared:
-    """:func:`prepare_blocking` in a child process, once per host process and cache."""
-    import anyio
-
-    runtime = runtime or default_runtime()
-    memo = (runtime.sha256, str(cache_root()))
-    found = _prepared.get(memo)
-    if found is not None:
-        return found
-    async with _prepare_lock():
-        found = _prepared.get(memo)
-        if found is not None:
-            return found
-        done = await anyio.run_process(
-            [sys.executable, "-I", str(CHILD), "prepare", str(cache_root())],
-            cwd=str(_HOST_ROOT),
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
-            check=False,
-        )
-        if done.returncode != 0:
-            raise WasmUnavailable(
-                "preparing the Wasm runtime failed: "
-                + done.stderr.decode("utf-8", "replace")[-2000:]
-            )
-        found = Prepared(**json.loads(done.stdout))
-        _prepared[memo] = found
-        return found
-
-
-_lock: list[Any] = []
-
-
-def _prepare_lock() -> Any:
-    import anyio
-
-    if not _lock:
-        _lock.append(anyio.Lock())
-    return _lock[0]
-
+# -- starting a guest (the host side) ------------------------------------------------------
 
 SPEC_VAR: Final = "TOOLHOST_GUEST_SPEC"
 """The child's variable holding its :class:`GuestSpec` (:func:`child_env`), never argv."""

@@ -26,7 +26,7 @@ import anyio.to_thread
 from host._events import EventBus
 from host.settings import CapsulesConfig, DataFolder
 
-from . import _forkserver, _wasm
+from . import _forkserver, _wasm, _wasm_cache
 from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
 from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
 
@@ -100,7 +100,7 @@ async def start_wasm_capsule(
     (:data:`DATA_GUEST`), which :data:`DATA_ENV` names to the tools.
     """
     try:
-        prepared = await _wasm.prepare()
+        prepared = await _wasm_cache.prepare()
     except _wasm.WasmUnavailable as exc:
         raise LoadFailed(f"the Wasm runtime is unavailable: {exc}", LoadReport()) from exc
     env = {**request.env, "MSGPACK_PUREPYTHON": "1"}

@@ -3,12 +3,12 @@ WASMTIME_ROOT``, with the guest's spec in ``TOOLHOST_GUEST_SPEC`` (never on the 
 line, which every user can read) and removed from the environment at once.
 
 It is started by path (not ``-m host...``), so it imports neither the ``host`` package nor
-its dependencies: only the standard library, ``wasmtime`` and ``host/_wasm.py``. Its
-stdin and stdout are the protocol pipes, which the guest inherits; its stderr is drained
-by the host. The guest runs on a thread with a large known stack (wasm stack overflow
-traps long before it); a lifeline thread ends the process if the host goes away. A stuck
-guest (even one blocked in a WASI call, which epochs cannot interrupt) is ended by the
-host killing this process.
+its dependencies: only the standard library, ``wasmtime`` and, from its own folder,
+``_wasm.py`` (and ``_wasm_cache.py`` for ``prepare``). Its stdin and stdout are the
+protocol pipes, which the guest inherits; its stderr is drained by the host. The guest
+runs on a thread with a large known stack (wasm stack overflow traps long before it); a
+lifeline thread ends the process if the host goes away. A stuck guest (even one blocked
+in a WASI call, which epochs cannot interrupt) is ended by the host killing this process.
 
 ``zygote PID WASMTIME_ROOT CWASM`` is the fork server (``host/_forkserver.py`` starts it):
 it imports wasmtime and loads the compiled module once, then forks one child per guest,
@@ -44,11 +44,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+_PACKAGE = "_toolhost_wasm"
+"""A bare package standing for this file's folder: never ``host``, whose ``__init__``
+imports the whole host."""
 
-def _wasm() -> ModuleType:
-    """``host/_wasm.py`` as a standalone module (its top level is standard library only)."""
-    path = Path(__file__).resolve().with_name("_wasm.py")
-    spec = importlib.util.spec_from_file_location("_toolhost_wasm", path)
+
+def _load(name: str) -> ModuleType:
+    """``NAME.py`` of this folder as a module of :data:`_PACKAGE` (``_wasm.py``, whose top
+    level is standard library only, and ``_wasm_cache.py``, which adds ``_wasm``)."""
+    folder = Path(__file__).resolve().parent
+    if _PACKAGE not in sys.modules:
+        package = ModuleType(_PACKAGE)
+        package.__path__ = [str(folder)]  # its modules import each other relatively
+        sys.modules[_PACKAGE] = package
+    spec = importlib.util.spec_from_file_location(f"{_PACKAGE}.{name}", folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -148,10 +157,10 @@ def _undumpable() -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] in (["run"], ["zygote"]):
         _undumpable()  # first: before anything is read from the environment
-    wasm = _wasm()
+    wasm = _load("_wasm")
     spec = os.environ.pop(wasm.SPEC_VAR, None)  # never left for the guest's own start
     if argv[:1] == ["prepare"] and len(argv) == 2:
-        prepared = wasm.prepare_blocking(root=Path(argv[1]))
+        prepared = _load("_wasm_cache").prepare_blocking(root=Path(argv[1]))
         print(json.dumps(asdict(prepared)))
         return 0
     if argv[:1] == ["zygote"] and len(argv) == 4:
