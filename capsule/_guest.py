@@ -12,8 +12,9 @@ authorises every frame itself and trusts nothing this process claims. A call tha
 awaited never runs; the run reports it as a warning with the tool's name and line.
 
 The error classes of the host exist here by name (``except PolicyDenied``); an error from
-the host is rebuilt from strings only. Runs under CPython-WASI (with the asyncio shim of
-``capsule._wasi``) and under a normal CPython (the weaker subprocess fallback).
+the host is rebuilt from strings only (``capsule._guest_errors``). Runs under CPython-WASI
+(with the asyncio shim of ``capsule._wasi``) and under a normal CPython (the weaker
+subprocess fallback).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import sys
 
 from . import _wire
+from ._guest_errors import ERRORS, HostError, InvalidArguments, LimitExceeded, as_dict, rebuild
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,130 +50,11 @@ MAX_FRAME = 16 * 1024 * 1024
 PyCF_ONLY_AST = 0x400  # the ``_ast`` constants: importing ``_ast`` costs ~40 ms under WASI
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 
-__all__ = ["main", "ERRORS"]
+__all__ = ["main"]
 
 _CO_COROUTINE = 0x80
 _MAX_TEXT = 64 * 1024
 _MAX_WARNINGS = 50
-
-
-# -- the error classes, by name -----------------------------------------------------------
-
-
-def _snake(name: str) -> str:
-    out = [name[0].lower()]
-    for ch in name[1:]:
-        out.append("_" + ch.lower() if ch.isupper() else ch)
-    return "".join(out)
-
-
-class HostError(Exception):
-    """The root of the host's errors (rebuilt here from data)."""
-
-    kind = "host_error"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.kind = _snake(cls.__name__)
-
-    def __init__(self, message: str = "", **fields: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        for key, value in fields.items():
-            setattr(self, key, value)
-
-
-class CallError(HostError):
-    """A call did not produce a value."""
-
-
-class ToolError(CallError):
-    """The tool raised (``type_name``, ``error_message``)."""
-
-
-class NotSerializable(CallError):
-    """The tool returned something that is not plain data."""
-
-
-class InvalidArguments(CallError):
-    """The arguments do not fit the tool's signature, or are not plain data."""
-
-
-class UnknownTool(CallError):
-    """No tool has that name."""
-
-
-class PolicyDenied(CallError):
-    """A policy rule denied the call (``rule``, ``reason``)."""
-
-
-class NotApproved(CallError):
-    """A person denied the call, or nobody answered in time."""
-
-
-class ToolTimeout(CallError):
-    """The call outran its deadline."""
-
-
-class CapsuleCrashed(CallError):
-    """The tool's capsule died while the call was in flight."""
-
-
-class ToolUnavailable(CallError):
-    """The tool cannot be called now."""
-
-
-class LimitExceeded(CallError):
-    """A budget ran out (``limit`` names which)."""
-
-
-class DeclarationError(HostError):
-    """The tool files cannot be declared."""
-
-
-class PolicyFileError(HostError):
-    """A policy file is malformed."""
-
-
-class ProtocolError(HostError):
-    """A capsule broke the wire rules."""
-
-
-ERRORS: dict[str, type[HostError]] = {
-    cls.__name__: cls
-    for cls in (
-        HostError,
-        CallError,
-        ToolError,
-        NotSerializable,
-        InvalidArguments,
-        UnknownTool,
-        PolicyDenied,
-        NotApproved,
-        ToolTimeout,
-        CapsuleCrashed,
-        ToolUnavailable,
-        LimitExceeded,
-        DeclarationError,
-        PolicyFileError,
-        ProtocolError,
-    )
-}
-_BY_KIND = {cls.kind: cls for cls in ERRORS.values()}
-for _cls in ERRORS.values():
-    _cls.__module__ = "builtins"  # tracebacks say ``ToolError: ...``, as for built-in errors
-
-
-def _rebuild(data: dict[str, Any]) -> HostError:
-    """A fresh sandbox-side error from the host's plain data (strings and numbers only)."""
-    cls = _BY_KIND.get(str(data.get("kind")), HostError)
-    fields: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in ("kind", "message") or not key.isidentifier():
-            continue
-        if isinstance(value, (str, int, float, bool)) or value is None:
-            fields["type_name" if key == "type" else key] = value
-    return cls(str(data.get("message", "")), **fields)
 
 
 class _OutputLimit(BaseException):
@@ -744,7 +627,7 @@ class Sandbox:
             if kind == K_OK:
                 future.set_result(msg.get("value"))
             else:
-                future.set_exception(_rebuild(_as_dict(msg.get("error"))))
+                future.set_exception(rebuild(as_dict(msg.get("error"))))
 
     # -- tool calls ------------------------------------------------------------------
 
@@ -831,7 +714,7 @@ class Sandbox:
                 continue  # a late answer to a call an earlier run dropped
             if kind == K_OK:
                 return msg.get("value")
-            raise _rebuild(_as_dict(msg.get("error")))
+            raise rebuild(as_dict(msg.get("error")))
 
     async def use(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Send one call frame and wait for the host's answer, on the loop."""
@@ -1067,12 +950,6 @@ class Sandbox:
 
 async def _nothing() -> None:
     pass
-
-
-def _as_dict(value: object) -> dict[str, Any]:
-    if type(value) is dict:
-        return value  # pyright: ignore[reportUnknownVariableType]
-    return {}
 
 
 _SANDBOX = Sandbox()

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import pytest
 
-from capsule import _guest, protocol
+from capsule import _guest, _guest_errors, protocol
 
 
 def packb(value: Any) -> bytes:
@@ -142,7 +142,7 @@ def test_an_error_answer_is_raised(pipes: Pipes) -> None:
     call_id = pipes.next_id()
     error = {"kind": "policy_denied", "message": "no", "rule": "r1"}
     os.write(pipes.to_guest, frame({"k": "err", "id": call_id, "error": error}))
-    with pytest.raises(_guest.PolicyDenied, match="no") as caught:
+    with pytest.raises(_guest_errors.PolicyDenied, match="no") as caught:
         pipes.call()
     assert vars(caught.value)["rule"] == "r1"
 
@@ -186,12 +186,12 @@ def test_the_host_gone_while_waiting(pipes: Pipes) -> None:
 
 
 def test_invalid_and_oversize_arguments_send_nothing(pipes: Pipes) -> None:
-    with pytest.raises(_guest.InvalidArguments, match="plain data"):
+    with pytest.raises(_guest_errors.InvalidArguments, match="plain data"):
         pipes.call(object())
-    with pytest.raises(_guest.InvalidArguments, match="plain data"):
+    with pytest.raises(_guest_errors.InvalidArguments, match="plain data"):
         pipes.call("\ud800")
     pipes.sandbox.max_argument = 10
-    with pytest.raises(_guest.InvalidArguments, match="over the limit of 10"):
+    with pytest.raises(_guest_errors.InvalidArguments, match="over the limit of 10"):
         pipes.call("x" * 10)
     os.set_blocking(pipes.from_guest, False)
     with pytest.raises(BlockingIOError):
