@@ -26,6 +26,19 @@ import sys
 
 from . import _wire
 from ._guest_errors import ERRORS, HostError, InvalidArguments, LimitExceeded, as_dict, rebuild
+from ._guest_frames import (
+    K_DONE,
+    K_DROP,
+    K_ERR,
+    K_OK,
+    K_READY,
+    K_RUN,
+    K_SETUP,
+    Frames,
+    HostBroke,
+    HostGone,
+    frame_map,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,16 +50,6 @@ if TYPE_CHECKING:
 else:
     _CoroutineBase = _collections_abc.Coroutine
 
-# The frame kinds of ``capsule.protocol`` (which imports msgpack: too slow to load here).
-K_SETUP = "setup"
-K_READY = "ready"
-K_RUN = "run"
-K_USE = "use"
-K_DROP = "drop"
-K_DONE = "done"
-K_OK = "ok"
-K_ERR = "err"
-MAX_FRAME = 16 * 1024 * 1024
 PyCF_ONLY_AST = 0x400  # the ``_ast`` constants: importing ``_ast`` costs ~40 ms under WASI
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 
@@ -307,80 +310,6 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return data
 
 
-class _HostGone(BaseException):
-    """The host closed the protocol pipe: the guest ends."""
-
-
-class _HostBroke(BaseException):
-    """The host sent bytes that are not a frame: the guest ends (the host sees it die)."""
-
-
-class _Frames:
-    """Frame bodies from the host's pipe: a 4-byte big-endian length, then the body."""
-
-    __slots__ = ("_bodies", "_buf", "_fd")
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = b""
-        self._bodies: list[bytes] = []
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._bodies)
-
-    @property
-    def empty(self) -> bool:
-        """Nothing read and not yet taken: no frame, no part of one."""
-        return not self._bodies and not self._buf
-
-    def read(self) -> bytes:
-        """One ``read`` of the pipe (it must be readable, or this blocks), not yet fed."""
-        try:
-            data = os.read(self._fd, 1 << 18)
-        except OSError:
-            data = b""
-        if not data:
-            raise _HostGone
-        return data
-
-    def feed(self, data: bytes | None = None) -> None:
-        """Split ``data`` (else one :meth:`read`) into frames."""
-        if data is None:
-            data = self.read()
-        buf = self._buf + data if self._buf else data
-        start, end = 0, len(buf)
-        while end - start >= 4:
-            size = int.from_bytes(buf[start : start + 4], "big")
-            if size > MAX_FRAME:
-                raise _HostBroke(f"a frame of {size} bytes is over the cap")
-            if end - start - 4 < size:
-                break
-            self._bodies.append(buf[start + 4 : start + 4 + size])
-            start += 4 + size
-        self._buf = buf[start:]
-
-    def next_body(self) -> bytes:
-        """The next frame's body, reading (blocking) as needed."""
-        while not self._bodies:
-            self.feed()
-        return self._bodies.pop(0)
-
-    def next(self) -> dict[str, Any]:
-        """The next frame, reading (blocking) as needed."""
-        return _frame_map(self.next_body())
-
-
-def _frame_map(body: bytes) -> dict[str, Any]:
-    try:
-        msg = _wire.decode(body)
-    except _wire.WireError as exc:
-        raise _HostBroke(str(exc)) from None
-    if type(msg) is not dict:
-        raise _HostBroke("a frame must be a map")
-    return msg  # pyright: ignore[reportUnknownVariableType]
-
-
 _OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
 """How the host's ``{"k": "ok", "id": ..., "value": ...}`` begins (msgpack keeps order)."""
 _USE_TAIL = b"\x80\xa4args"
@@ -474,7 +403,7 @@ class Sandbox:
     def __init__(self, proto_in: int = 0, proto_out: int = 1) -> None:
         self._in = proto_in
         self._out = proto_out
-        self._frames = _Frames(proto_in)
+        self._frames = Frames(proto_in)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
@@ -511,10 +440,10 @@ class Sandbox:
         """Read the ``setup`` frame, build the agent's globals, answer ``ready``."""
         try:
             msg = self._frames.next()
-        except _HostGone:
+        except HostGone:
             return False
         if msg.get("k") != K_SETUP or self._frames.pending:
-            raise _HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
+            raise HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
         if "asyncio" not in sys.modules:
             self._hook = _WhenAsyncio(self._asyncio_imported)
             sys.meta_path.insert(0, self._hook)
@@ -540,8 +469,8 @@ class Sandbox:
                 if kind == K_RUN:
                     self._execute(int(msg["id"]), str(msg["source"]))
                 elif kind not in (K_OK, K_ERR):  # a late answer to a dropped call is fine
-                    raise _HostBroke(f"unknown frame kind {kind!r}")
-        except _HostGone:
+                    raise HostBroke(f"unknown frame kind {kind!r}")
+        except HostGone:
             pass
 
     def _idle(self) -> None:
@@ -587,9 +516,9 @@ class Sandbox:
         """While the loop runs: answers to the calls waiting on futures."""
         try:
             self._answers()
-        except _HostGone:  # the loop would only log it: end here
+        except HostGone:  # the loop would only log it: end here
             os._exit(0)
-        except _HostBroke as exc:
+        except HostBroke as exc:
             os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
             os._exit(1)
 
@@ -607,9 +536,9 @@ class Sandbox:
         the agent's code could catch."""
         try:
             return self._call_now(call)
-        except _HostGone:
+        except HostGone:
             os._exit(0)
-        except _HostBroke as exc:
+        except HostBroke as exc:
             os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
             os._exit(1)
 
@@ -619,7 +548,7 @@ class Sandbox:
             msg = self._frames.next()
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
-                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
+                raise HostBroke(f"unexpected frame kind {kind!r} during a run")
             call_id = msg.get("id")
             future = self._waiting.pop(call_id, None) if type(call_id) is int else None
             if future is None or future.done():
@@ -699,17 +628,17 @@ class Sandbox:
                 try:
                     value, end = _wire.decode_from(data, 4 + len(ok))
                 except _wire.WireError as exc:
-                    raise _HostBroke(str(exc)) from None
+                    raise HostBroke(str(exc)) from None
                 if end == len(data):
                     return value
             frames.feed(data)
         call_id = _wire.decode(packed_id)
         while True:
             body = frames.next_body()
-            msg = _frame_map(body)
+            msg = frame_map(body)
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
-                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
+                raise HostBroke(f"unexpected frame kind {kind!r} during a run")
             if msg.get("id") != call_id:
                 continue  # a late answer to a call an earlier run dropped
             if kind == K_OK:
@@ -751,7 +680,7 @@ class Sandbox:
         ok, value, error = True, None, None
         try:
             value = self._drive(self._evaluate(source, filename))
-        except (_HostGone, _HostBroke):
+        except (HostGone, HostBroke):
             raise
         except _OutputLimit:
             ok = False
@@ -867,7 +796,7 @@ class Sandbox:
                     break
                 try:
                     value = self._call_now(step)
-                except (_HostGone, _HostBroke):
+                except (HostGone, HostBroke):
                     raise
                 except BaseException as exc:  # the call's error, raised where it was awaited
                     error = exc
@@ -961,5 +890,5 @@ def main() -> None:
     try:
         if _SANDBOX.setup():
             _SANDBOX.serve()
-    except _HostGone:
+    except HostGone:
         pass
