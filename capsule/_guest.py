@@ -25,7 +25,7 @@ import os
 import sys
 
 from . import _wire
-from ._guest_errors import ERRORS, HostError, InvalidArguments, LimitExceeded, as_dict, rebuild
+from ._guest_errors import ERRORS, InvalidArguments, as_dict, rebuild
 from ._guest_frames import (
     K_DONE,
     K_DROP,
@@ -39,6 +39,7 @@ from ._guest_frames import (
     HostGone,
     frame_map,
 )
+from ._guest_output import Capture, OutputLimit, as_plain, error_data, share_sources
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,12 +57,7 @@ PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 __all__ = ["main"]
 
 _CO_COROUTINE = 0x80
-_MAX_TEXT = 64 * 1024
 _MAX_WARNINGS = 50
-
-
-class _OutputLimit(BaseException):
-    """The run printed more than it may (a BaseException: ``except Exception`` misses it)."""
 
 
 # -- tool proxies -----------------------------------------------------------------------
@@ -227,87 +223,7 @@ def _tool_globals(tools: list[Any]) -> dict[str, Any]:
     return scope
 
 
-# -- captured output --------------------------------------------------------------------
-
-
-class _Capture:
-    """``sys.stdout``/``sys.stderr`` during a run: keeps at most ``cap`` characters."""
-
-    encoding = "utf-8"
-    errors = "replace"
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.size = 0
-        self.parts: list[str] = []
-        self.over = False
-
-    def write(self, text: str) -> int:
-        if type(text) is not str:  # the agent may pass anything
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        room = self.cap - self.size
-        if len(text) > room:
-            self.parts.append(text[: max(room, 0)])
-            self.size = self.cap
-            self.over = True
-            raise _OutputLimit
-        self.parts.append(text)
-        self.size += len(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
 # -- the sandbox ------------------------------------------------------------------------
-
-
-def _traceback(exc: BaseException) -> str:
-    try:
-        import traceback  # costly at start-up under WASI: warmed up when idle, or now
-
-        _SANDBOX.share_sources()
-        frames = [
-            f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<run ")
-        ]
-        lines = traceback.format_list(frames)
-        lines += traceback.format_exception_only(type(exc), exc)
-        text = "Traceback (most recent call last):\n" + "".join(lines)
-    except BaseException:  # a hostile __str__: never let it escape
-        text = f"{type(exc).__name__}\n"
-    return text[-_MAX_TEXT:]
-
-
-def _text(obj: object) -> str:
-    try:
-        text = str(obj)
-    except BaseException as exc:
-        text = f"<unprintable: {type(exc).__name__}>"
-    return text[:_MAX_TEXT]
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "kind": exc.kind if isinstance(exc, HostError) else "exception",
-        "type": type(exc).__name__,
-        "message": _text(exc),
-        "traceback": _traceback(exc),
-    }
-    if isinstance(exc, LimitExceeded):
-        data["limit"] = str(getattr(exc, "limit", ""))
-    if isinstance(exc, MemoryError):
-        data["kind"] = "limit_exceeded"
-        data["limit"] = "code_memory"
-    return data
 
 
 _OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
@@ -661,18 +577,12 @@ class Sandbox:
 
     # -- runs ------------------------------------------------------------------------
 
-    def share_sources(self) -> None:
-        """The runs' sources for ``linecache`` (tracebacks), once something loaded it."""
-        linecache = sys.modules.get("linecache")
-        if linecache is not None:
-            linecache.cache.update(self._sources)
-
     def _execute(self, run_id: int, source: str) -> None:
         self._runs += 1
         filename = f"<run {self._runs}>"
         self._sources[filename] = (len(source), None, source.splitlines(True), filename)
-        self.share_sources()
-        capture = _Capture(self.max_output)
+        share_sources(self._sources)
+        capture = Capture(self.max_output)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = capture
         self._run = run_id
@@ -682,7 +592,7 @@ class Sandbox:
             value = self._drive(self._evaluate(source, filename))
         except (HostGone, HostBroke):
             raise
-        except _OutputLimit:
+        except OutputLimit:
             ok = False
             error = {
                 "kind": "limit_exceeded",
@@ -697,7 +607,7 @@ class Sandbox:
                 # The host replaces this sandbox: free the agent's data first, so that
                 # reporting the error (which may import ``traceback``) has memory to use.
                 self.namespace.clear()
-            error = _error(exc)
+            error = error_data(exc, self._sources)
             if capture.over:
                 error = {**error, "kind": "limit_exceeded", "limit": "code_max_output"}
         finally:
@@ -713,7 +623,7 @@ class Sandbox:
             if not c.awaited
         ][:_MAX_WARNINGS]
         self.calls = []
-        plain, note = self._plain(value) if ok else (None, None)
+        plain, note = as_plain(value, self.max_output) if ok else (None, None)
         if note:
             warnings.append(note)
         self.send(
@@ -846,35 +756,6 @@ class Sandbox:
         for future in self._waiting.values():
             future.cancel()
         self._waiting.clear()
-
-    def _plain(self, value: Any) -> tuple[Any, str | None]:
-        kind: type[object] = type(value)  # pyright: ignore[reportUnknownVariableType]
-        if value is None or kind is bool or kind is float:
-            return value, None
-        if kind is int and -(2**63) <= value < 2**64:
-            return value, None
-        if kind is str:
-            return (value, None) if len(value) <= self.max_output else self._big()
-        from ._convert import NotPlainData, to_plain  # on first use: it imports a lot
-
-        try:
-            plain = to_plain(value, "value")
-        except NotPlainData as exc:
-            try:
-                text = _text(repr(value))
-            except BaseException as error:  # a hostile or huge object: its repr fails
-                text = f"<unrepresentable: {type(error).__name__}>"
-            return text, (
-                f"the value is a {exc.type_name}, which is not plain data; its repr is shown"
-            )
-        except BaseException as exc:  # a hostile object: never let it escape
-            return None, f"the value could not be converted: {type(exc).__name__}"
-        if len(_wire.encode(plain)) > self.max_output:
-            return self._big()
-        return plain, None
-
-    def _big(self) -> tuple[None, str]:
-        return None, f"the value is larger than {self.max_output} bytes; it is not returned"
 
 
 async def _nothing() -> None:
