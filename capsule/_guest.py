@@ -19,7 +19,6 @@ subprocess fallback).
 
 from __future__ import annotations
 
-import _collections_abc  # what ``collections.abc`` re-exports, without importing ``collections``
 import builtins
 import os
 import sys
@@ -40,16 +39,13 @@ from ._guest_frames import (
     frame_map,
 )
 from ._guest_output import Capture, OutputLimit, as_plain, error_data, share_sources
+from ._guest_tools import ToolCall, attach, tool_globals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Coroutine, Generator
     from typing import Any
-
-    _CoroutineBase = Coroutine[Any, Any, Any]
-else:
-    _CoroutineBase = _collections_abc.Coroutine
 
 PyCF_ONLY_AST = 0x400  # the ``_ast`` constants: importing ``_ast`` costs ~40 ms under WASI
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
@@ -58,173 +54,6 @@ __all__ = ["main"]
 
 _CO_COROUTINE = 0x80
 _MAX_WARNINGS = 50
-
-
-# -- tool proxies -----------------------------------------------------------------------
-
-
-class ToolCall(_CoroutineBase):
-    """One tool call, not yet sent. Awaiting it sends it; dropping it unawaited means it
-    never runs (and the run's result says so).
-
-    Awaited while the run is driven by hand, it yields itself to the driver (the request:
-    tool, arguments), which makes the call and sends the answer back."""
-
-    __slots__ = ("_steps", "args", "awaited", "kwargs", "line", "tool")
-
-    def __init__(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.tool = tool
-        self.args = args
-        self.kwargs = kwargs
-        self.awaited = False
-        self._steps: Generator[Any, None, Any] | None = None
-        # The line of the agent's code making the call (for the never-awaited warning):
-        # usually the caller of ``Tool.__call__``, the first frame looked at. Inline: a
-        # call costs more than the loop in the unoptimised build.
-        try:
-            frame = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
-        except ValueError:
-            frame = None
-        while frame is not None and not frame.f_code.co_filename.startswith("<run "):
-            frame = frame.f_back
-        self.line = None if frame is None else frame.f_lineno
-        calls = _SANDBOX.calls  # the run's calls: the never-awaited ones are reported
-        if len(calls) < 100_000:
-            calls.append(self)
-
-    def __repr__(self) -> str:
-        state = "awaited" if self.awaited else "not awaited: it has not run"
-        return f"<call {self.tool}(...) {state}>"
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        if self.awaited:
-            raise RuntimeError(f"this call to {self.tool} was already awaited")
-        self.awaited = True
-        if _SANDBOX.loop_mode:  # inside asyncio's loop
-            if _SANDBOX.alone():  # nothing else could run meanwhile: made in place
-                return _SANDBOX.call_in_place(self)
-            return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
-        # Driven by the run itself: the driver makes the call and sends the answer back.
-        return (yield self)
-
-    def _gen(self) -> Generator[Any, None, Any]:
-        if self._steps is None:
-            self._steps = self.__await__()
-        return self._steps
-
-    def send(self, value: Any) -> Any:
-        return self._gen().send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if val is None:
-            val = typ if isinstance(typ, BaseException) else typ()
-        return self._gen().throw(val)
-
-    def close(self) -> None:
-        if self._steps is not None:
-            self._steps.close()
-
-
-class _Adopt:
-    """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
-    the run's coroutine yields (to the task running this), and makes the one pending
-    :class:`ToolCall` (if the switch happened there) a call through the loop."""
-
-    __slots__ = ("_coro", "_pending")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], pending: object) -> None:
-        self._coro = coro
-        self._pending = pending
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, step = self._coro, self._pending
-        while True:
-            try:
-                if type(step) is ToolCall:
-                    try:
-                        use = _SANDBOX.use(step.tool, step.args, step.kwargs)
-                        value = yield from use.__await__()
-                    except BaseException as exc:
-                        step = coro.throw(exc)
-                    else:
-                        step = coro.send(value)
-                else:
-                    try:
-                        value = yield step
-                    except BaseException as exc:
-                        step = coro.throw(exc)
-                    else:
-                        step = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _adopt(coro: Coroutine[Any, Any, Any], pending: object) -> Any:
-    return await _Adopt(coro, pending)
-
-
-class Tool:
-    """A tool as a global: calling it returns an awaitable :class:`ToolCall`."""
-
-    __slots__ = ("_tool",)
-
-    def __init__(self, name: str) -> None:
-        self._tool = name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ToolCall:
-        return ToolCall(self._tool, args, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<tool {self._tool}>"
-
-
-class Namespace:
-    """``tools.FILE.EXPORT[.MEMBER]`` and object exports: attribute access to tools."""
-
-    __slots__ = ("_entries", "_label")
-
-    def __init__(self, label: str, entries: dict[str, Any]) -> None:
-        self._label = label
-        self._entries = entries
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise AttributeError(f"{self._label} has no attribute {name!r}") from None
-
-    def __dir__(self) -> list[str]:
-        return sorted(self._entries)
-
-    def __repr__(self) -> str:
-        return f"<{self._label}: {', '.join(sorted(self._entries))}>"
-
-
-def _tool_globals(tools: list[Any]) -> dict[str, Any]:
-    """``tools.FILE.EXPORT[.MEMBER]``, plus a global for every installed export."""
-    functions: dict[str, dict[str, Any]] = {}
-    objects: dict[tuple[str, str], dict[str, Any]] = {}
-    installed: set[str] = set()
-    for name, file, export, member, is_global in tools:
-        if member is None:
-            functions.setdefault(file, {})[export] = Tool(name)
-        else:
-            objects.setdefault((file, export), {})[member] = Tool(name)
-        if is_global:
-            installed.add(export)
-    for (file, export), members in objects.items():
-        functions.setdefault(file, {})[export] = Namespace(export, members)
-    scope: dict[str, Any] = {}
-    tree: dict[str, Any] = {}
-    for file, entries in functions.items():
-        tree[file] = Namespace(f"tools.{file}", entries)
-        scope.update((export, value) for export, value in entries.items() if export in installed)
-    scope["tools"] = Namespace("tools", tree)
-    return scope
-
-
-# -- the sandbox ------------------------------------------------------------------------
-
 
 _OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
 """How the host's ``{"k": "ok", "id": ..., "value": ...}`` begins (msgpack keeps order)."""
@@ -367,7 +196,7 @@ class Sandbox:
         self.max_argument = int(msg.get("max_argument", self.max_argument))
         scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         scope.update(ERRORS)
-        scope.update(_tool_globals(list(msg.get("tools", []))))
+        scope.update(tool_globals(list(msg.get("tools", []))))
         self.namespace = scope
         self.send(
             {"k": K_READY, "pid": os.getpid(), "python": ".".join(map(str, sys.version_info[:3]))}
@@ -730,7 +559,7 @@ class Sandbox:
         self.loop_mode = True
         loop.add_reader(self._in, self._on_readable)
         try:
-            return loop.run_until_complete(_adopt(coro, step))
+            return loop.run_until_complete(_adopt(self, coro, step))
         finally:
             loop.remove_reader(self._in)
             self.loop_mode = False
@@ -758,11 +587,51 @@ class Sandbox:
         self._waiting.clear()
 
 
+class _Adopt:
+    """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
+    the run's coroutine yields (to the task running this), and makes the one pending
+    :class:`ToolCall` (if the switch happened there) a call through the loop."""
+
+    __slots__ = ("_coro", "_pending", "_sandbox")
+
+    def __init__(self, sandbox: Sandbox, coro: Coroutine[Any, Any, Any], pending: object) -> None:
+        self._sandbox = sandbox
+        self._coro = coro
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step = self._coro, self._pending
+        while True:
+            try:
+                if type(step) is ToolCall:
+                    try:
+                        use = self._sandbox.use(step.tool, step.args, step.kwargs)
+                        value = yield from use.__await__()
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+                else:
+                    try:
+                        value = yield step
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _adopt(sandbox: Sandbox, coro: Coroutine[Any, Any, Any], pending: object) -> Any:
+    return await _Adopt(sandbox, coro, pending)
+
+
 async def _nothing() -> None:
     pass
 
 
 _SANDBOX = Sandbox()
+attach(_SANDBOX)  # the sandbox every tool call talks to
 
 
 def main() -> None:

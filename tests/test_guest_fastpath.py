@@ -11,7 +11,7 @@ from typing import Any
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import pytest
 
-from capsule import _guest, _guest_errors, _guest_frames, protocol
+from capsule import _guest, _guest_errors, _guest_frames, _guest_tools, protocol
 
 
 def packb(value: Any) -> bytes:
@@ -49,7 +49,7 @@ class Pipes:
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """``await add(*args, **kwargs)`` as the driver makes it."""
-        call = _guest.ToolCall("add", args, kwargs)
+        call = _guest_tools.ToolCall("add", args, kwargs)
         call.awaited = True
         return self.sandbox._call_now(call)  # pyright: ignore[reportPrivateUsage]
 
@@ -199,7 +199,7 @@ def test_invalid_and_oversize_arguments_send_nothing(pipes: Pipes) -> None:
 
 
 def test_a_call_remembers_the_agents_line() -> None:
-    scope: dict[str, Any] = {"add": _guest.Tool("add")}
+    scope: dict[str, Any] = {"add": _guest_tools.Tool("add")}
     code = compile("x = 1\ncall = add(1)\n", "<run 99>", "exec")
     try:
         exec(code, scope)
@@ -218,7 +218,7 @@ def test_on_the_loop_a_call_is_made_in_place_only_when_nothing_else_could_run(
     import asyncio
 
     sandbox = pipes.sandbox
-    monkeypatch.setattr(_guest, "_SANDBOX", sandbox)  # the one tool calls talk to
+    monkeypatch.setattr(_guest_tools, "_sandbox", sandbox)  # the one tool calls talk to
     loop = asyncio.new_event_loop()
     sandbox._loop = loop  # pyright: ignore[reportPrivateUsage]
     sandbox.loop_mode = True
@@ -238,7 +238,7 @@ def test_on_the_loop_a_call_is_made_in_place_only_when_nothing_else_could_run(
         sandbox._waiting.clear()  # pyright: ignore[reportPrivateUsage]
 
         async def code() -> Any:
-            return await _guest.ToolCall("add", (2, 3), {})
+            return await _guest_tools.ToolCall("add", (2, 3), {})
 
         call_id = pipes.next_id()
         os.write(pipes.to_guest, frame({"k": "ok", "id": call_id, "value": 5}))
