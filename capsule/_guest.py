@@ -25,7 +25,7 @@ import sys
 
 from . import _wire
 from ._guest_errors import ERRORS, InvalidArguments, as_dict, rebuild
-from ._guest_frames import (
+from ._guest_io import (
     K_DONE,
     K_DROP,
     K_ERR,
@@ -33,12 +33,16 @@ from ._guest_frames import (
     K_READY,
     K_RUN,
     K_SETUP,
+    Capture,
     Frames,
     HostBroke,
     HostGone,
+    OutputLimit,
+    as_plain,
+    error_data,
     frame_map,
+    share_sources,
 )
-from ._guest_output import Capture, OutputLimit, as_plain, error_data, share_sources
 from ._guest_tools import ToolCall, attach, tool_globals
 
 TYPE_CHECKING = False

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import pytest
 
-from capsule import _guest, _guest_errors, _guest_frames, _guest_tools, protocol
+from capsule import _guest, _guest_errors, _guest_io, _guest_tools, protocol
 
 
 def packb(value: Any) -> bytes:
@@ -174,14 +174,14 @@ def test_other_encodings_of_the_answer(pipes: Pipes, body: bytes) -> None:
 def test_a_broken_answer_ends_the_guest(pipes: Pipes, body: bytes) -> None:
     pipes.sandbox._next_id = 0  # pyright: ignore[reportPrivateUsage]
     os.write(pipes.to_guest, len(body).to_bytes(4, "big") + body)
-    with pytest.raises(_guest_frames.HostBroke):
+    with pytest.raises(_guest_io.HostBroke):
         pipes.call()
 
 
 def test_the_host_gone_while_waiting(pipes: Pipes) -> None:
     os.close(pipes.to_guest)
     pipes.to_guest = os.open(os.devnull, os.O_RDONLY)  # closed by the fixture
-    with pytest.raises(_guest_frames.HostGone):
+    with pytest.raises(_guest_io.HostGone):
         pipes.call()
 
 
