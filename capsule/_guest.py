@@ -12,9 +12,18 @@ authorises every frame itself and trusts nothing this process claims. A call tha
 awaited never runs; the run reports it as a warning with the tool's name and line.
 
 The error classes of the host exist here by name (``except PolicyDenied``); an error from
-the host is rebuilt from strings only (``capsule._guest_errors``). Runs under CPython-WASI
-(with the asyncio shim of ``capsule._wasi``) and under a normal CPython (the weaker
-subprocess fallback).
+the host is rebuilt from strings only. Runs under CPython-WASI (with the asyncio shim of
+``capsule._wasi``) and under a normal CPython (the weaker subprocess fallback).
+
+This module is the driver (:class:`Sandbox`: setup, runs, the calls' frames, the hand-over
+to asyncio's loop) and the entry point, :func:`main`. Its parts: ``_guest_tools`` (what
+agent code sees of the tools), ``_guest_errors`` (the host's errors by name, rebuilt from
+data), ``_guest_io`` (frames read from the host; a run's output, error and value as data).
+The guest imports all three at its start, each about half a millisecond in the unoptimised
+WASI build, so parts are not split further; :class:`Sandbox` stays whole because the call
+path runs through its state. Names on the call path are imported by name, so a call looks
+up no more globals than when all of it was one file. ``asyncio``, ``_ast``, ``traceback``
+and ``capsule._convert`` are imported on first use or while the guest idles.
 """
 
 from __future__ import annotations
