@@ -14,45 +14,16 @@ awaited never runs; the run reports it as a warning with the tool's name and lin
 The error classes of the host exist here by name (``except PolicyDenied``); an error from
 the host is rebuilt from strings only. Runs under CPython-WASI (with the asyncio shim of
 ``capsule._wasi``) and under a normal CPython (the weaker subprocess fallback).
-
-This module is the driver (:class:`Sandbox`: setup, runs, the calls' frames, the hand-over
-to asyncio's loop) and the entry point, :func:`main`. Its parts: ``_guest_tools`` (what
-agent code sees of the tools), ``_guest_errors`` (the host's errors by name, rebuilt from
-data), ``_guest_io`` (frames read from the host; a run's output, error and value as data).
-The guest imports all three at its start, each about half a millisecond in the unoptimised
-WASI build, so parts are not split further; :class:`Sandbox` stays whole because the call
-path runs through its state. Names on the call path are imported by name, so a call looks
-up no more globals than when all of it was one file. ``asyncio``, ``_ast``, ``traceback``
-and ``capsule._convert`` are imported on first use or while the guest idles.
 """
 
 from __future__ import annotations
 
+import _collections_abc  # what ``collections.abc`` re-exports, without importing ``collections``
 import builtins
 import os
 import sys
 
 from . import _wire
-from ._guest_errors import ERRORS, InvalidArguments, as_dict, rebuild
-from ._guest_io import (
-    K_DONE,
-    K_DROP,
-    K_ERR,
-    K_OK,
-    K_READY,
-    K_RUN,
-    K_SETUP,
-    Capture,
-    Frames,
-    HostBroke,
-    HostGone,
-    OutputLimit,
-    as_plain,
-    error_data,
-    frame_map,
-    share_sources,
-)
-from ._guest_tools import ToolCall, attach, tool_globals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,13 +31,472 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine, Generator
     from typing import Any
 
+    _CoroutineBase = Coroutine[Any, Any, Any]
+else:
+    _CoroutineBase = _collections_abc.Coroutine
+
+# The frame kinds of ``capsule.protocol`` (which imports msgpack: too slow to load here).
+K_SETUP = "setup"
+K_READY = "ready"
+K_RUN = "run"
+K_USE = "use"
+K_DROP = "drop"
+K_DONE = "done"
+K_OK = "ok"
+K_ERR = "err"
+MAX_FRAME = 16 * 1024 * 1024
 PyCF_ONLY_AST = 0x400  # the ``_ast`` constants: importing ``_ast`` costs ~40 ms under WASI
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 
-__all__ = ["main"]
+__all__ = ["main", "ERRORS"]
 
 _CO_COROUTINE = 0x80
+_MAX_TEXT = 64 * 1024
 _MAX_WARNINGS = 50
+
+
+# -- the error classes, by name -----------------------------------------------------------
+
+
+def _snake(name: str) -> str:
+    out = [name[0].lower()]
+    for ch in name[1:]:
+        out.append("_" + ch.lower() if ch.isupper() else ch)
+    return "".join(out)
+
+
+class HostError(Exception):
+    """The root of the host's errors (rebuilt here from data)."""
+
+    kind = "host_error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = _snake(cls.__name__)
+
+    def __init__(self, message: str = "", **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+
+class CallError(HostError):
+    """A call did not produce a value."""
+
+
+class ToolError(CallError):
+    """The tool raised (``type_name``, ``error_message``)."""
+
+
+class NotSerializable(CallError):
+    """The tool returned something that is not plain data."""
+
+
+class InvalidArguments(CallError):
+    """The arguments do not fit the tool's signature, or are not plain data."""
+
+
+class UnknownTool(CallError):
+    """No tool has that name."""
+
+
+class PolicyDenied(CallError):
+    """A policy rule denied the call (``rule``, ``reason``)."""
+
+
+class NotApproved(CallError):
+    """A person denied the call, or nobody answered in time."""
+
+
+class ToolTimeout(CallError):
+    """The call outran its deadline."""
+
+
+class CapsuleCrashed(CallError):
+    """The tool's capsule died while the call was in flight."""
+
+
+class ToolUnavailable(CallError):
+    """The tool cannot be called now."""
+
+
+class LimitExceeded(CallError):
+    """A budget ran out (``limit`` names which)."""
+
+
+class DeclarationError(HostError):
+    """The tool files cannot be declared."""
+
+
+class PolicyFileError(HostError):
+    """A policy file is malformed."""
+
+
+class ProtocolError(HostError):
+    """A capsule broke the wire rules."""
+
+
+ERRORS: dict[str, type[HostError]] = {
+    cls.__name__: cls
+    for cls in (
+        HostError,
+        CallError,
+        ToolError,
+        NotSerializable,
+        InvalidArguments,
+        UnknownTool,
+        PolicyDenied,
+        NotApproved,
+        ToolTimeout,
+        CapsuleCrashed,
+        ToolUnavailable,
+        LimitExceeded,
+        DeclarationError,
+        PolicyFileError,
+        ProtocolError,
+    )
+}
+_BY_KIND = {cls.kind: cls for cls in ERRORS.values()}
+for _cls in ERRORS.values():
+    _cls.__module__ = "builtins"  # tracebacks say ``ToolError: ...``, as for built-in errors
+
+
+def _rebuild(data: dict[str, Any]) -> HostError:
+    """A fresh sandbox-side error from the host's plain data (strings and numbers only)."""
+    cls = _BY_KIND.get(str(data.get("kind")), HostError)
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("kind", "message") or not key.isidentifier():
+            continue
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            fields["type_name" if key == "type" else key] = value
+    return cls(str(data.get("message", "")), **fields)
+
+
+class _OutputLimit(BaseException):
+    """The run printed more than it may (a BaseException: ``except Exception`` misses it)."""
+
+
+# -- tool proxies -----------------------------------------------------------------------
+
+
+class ToolCall(_CoroutineBase):
+    """One tool call, not yet sent. Awaiting it sends it; dropping it unawaited means it
+    never runs (and the run's result says so).
+
+    Awaited while the run is driven by hand, it yields itself to the driver (the request:
+    tool, arguments), which makes the call and sends the answer back."""
+
+    __slots__ = ("_steps", "args", "awaited", "kwargs", "line", "tool")
+
+    def __init__(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.tool = tool
+        self.args = args
+        self.kwargs = kwargs
+        self.awaited = False
+        self._steps: Generator[Any, None, Any] | None = None
+        # The line of the agent's code making the call (for the never-awaited warning):
+        # usually the caller of ``Tool.__call__``, the first frame looked at. Inline: a
+        # call costs more than the loop in the unoptimised build.
+        try:
+            frame = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
+        except ValueError:
+            frame = None
+        while frame is not None and not frame.f_code.co_filename.startswith("<run "):
+            frame = frame.f_back
+        self.line = None if frame is None else frame.f_lineno
+        calls = _SANDBOX.calls  # the run's calls: the never-awaited ones are reported
+        if len(calls) < 100_000:
+            calls.append(self)
+
+    def __repr__(self) -> str:
+        state = "awaited" if self.awaited else "not awaited: it has not run"
+        return f"<call {self.tool}(...) {state}>"
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if self.awaited:
+            raise RuntimeError(f"this call to {self.tool} was already awaited")
+        self.awaited = True
+        if _SANDBOX.loop_mode:  # inside asyncio's loop
+            if _SANDBOX.alone():  # nothing else could run meanwhile: made in place
+                return _SANDBOX.call_in_place(self)
+            return (yield from _SANDBOX.use(self.tool, self.args, self.kwargs).__await__())
+        # Driven by the run itself: the driver makes the call and sends the answer back.
+        return (yield self)
+
+    def _gen(self) -> Generator[Any, None, Any]:
+        if self._steps is None:
+            self._steps = self.__await__()
+        return self._steps
+
+    def send(self, value: Any) -> Any:
+        return self._gen().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None:
+            val = typ if isinstance(typ, BaseException) else typ()
+        return self._gen().throw(val)
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+
+
+class _Adopt:
+    """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
+    the run's coroutine yields (to the task running this), and makes the one pending
+    :class:`ToolCall` (if the switch happened there) a call through the loop."""
+
+    __slots__ = ("_coro", "_pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], pending: object) -> None:
+        self._coro = coro
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step = self._coro, self._pending
+        while True:
+            try:
+                if type(step) is ToolCall:
+                    try:
+                        use = _SANDBOX.use(step.tool, step.args, step.kwargs)
+                        value = yield from use.__await__()
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+                else:
+                    try:
+                        value = yield step
+                    except BaseException as exc:
+                        step = coro.throw(exc)
+                    else:
+                        step = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _adopt(coro: Coroutine[Any, Any, Any], pending: object) -> Any:
+    return await _Adopt(coro, pending)
+
+
+class Tool:
+    """A tool as a global: calling it returns an awaitable :class:`ToolCall`."""
+
+    __slots__ = ("_tool",)
+
+    def __init__(self, name: str) -> None:
+        self._tool = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ToolCall:
+        return ToolCall(self._tool, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<tool {self._tool}>"
+
+
+class Namespace:
+    """``tools.FILE.EXPORT[.MEMBER]`` and object exports: attribute access to tools."""
+
+    __slots__ = ("_entries", "_label")
+
+    def __init__(self, label: str, entries: dict[str, Any]) -> None:
+        self._label = label
+        self._entries = entries
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise AttributeError(f"{self._label} has no attribute {name!r}") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<{self._label}: {', '.join(sorted(self._entries))}>"
+
+
+def _tool_globals(tools: list[Any]) -> dict[str, Any]:
+    """``tools.FILE.EXPORT[.MEMBER]``, plus a global for every installed export."""
+    functions: dict[str, dict[str, Any]] = {}
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    installed: set[str] = set()
+    for name, file, export, member, is_global in tools:
+        if member is None:
+            functions.setdefault(file, {})[export] = Tool(name)
+        else:
+            objects.setdefault((file, export), {})[member] = Tool(name)
+        if is_global:
+            installed.add(export)
+    for (file, export), members in objects.items():
+        functions.setdefault(file, {})[export] = Namespace(export, members)
+    scope: dict[str, Any] = {}
+    tree: dict[str, Any] = {}
+    for file, entries in functions.items():
+        tree[file] = Namespace(f"tools.{file}", entries)
+        scope.update((export, value) for export, value in entries.items() if export in installed)
+    scope["tools"] = Namespace("tools", tree)
+    return scope
+
+
+# -- captured output --------------------------------------------------------------------
+
+
+class _Capture:
+    """``sys.stdout``/``sys.stderr`` during a run: keeps at most ``cap`` characters."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.size = 0
+        self.parts: list[str] = []
+        self.over = False
+
+    def write(self, text: str) -> int:
+        if type(text) is not str:  # the agent may pass anything
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = self.cap - self.size
+        if len(text) > room:
+            self.parts.append(text[: max(room, 0)])
+            self.size = self.cap
+            self.over = True
+            raise _OutputLimit
+        self.parts.append(text)
+        self.size += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+# -- the sandbox ------------------------------------------------------------------------
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        import traceback  # costly at start-up under WASI: warmed up when idle, or now
+
+        _SANDBOX.share_sources()
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<run ")
+        ]
+        lines = traceback.format_list(frames)
+        lines += traceback.format_exception_only(type(exc), exc)
+        text = "Traceback (most recent call last):\n" + "".join(lines)
+    except BaseException:  # a hostile __str__: never let it escape
+        text = f"{type(exc).__name__}\n"
+    return text[-_MAX_TEXT:]
+
+
+def _text(obj: object) -> str:
+    try:
+        text = str(obj)
+    except BaseException as exc:
+        text = f"<unprintable: {type(exc).__name__}>"
+    return text[:_MAX_TEXT]
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "kind": exc.kind if isinstance(exc, HostError) else "exception",
+        "type": type(exc).__name__,
+        "message": _text(exc),
+        "traceback": _traceback(exc),
+    }
+    if isinstance(exc, LimitExceeded):
+        data["limit"] = str(getattr(exc, "limit", ""))
+    if isinstance(exc, MemoryError):
+        data["kind"] = "limit_exceeded"
+        data["limit"] = "code_memory"
+    return data
+
+
+class _HostGone(BaseException):
+    """The host closed the protocol pipe: the guest ends."""
+
+
+class _HostBroke(BaseException):
+    """The host sent bytes that are not a frame: the guest ends (the host sees it die)."""
+
+
+class _Frames:
+    """Frame bodies from the host's pipe: a 4-byte big-endian length, then the body."""
+
+    __slots__ = ("_bodies", "_buf", "_fd")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = b""
+        self._bodies: list[bytes] = []
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._bodies)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing read and not yet taken: no frame, no part of one."""
+        return not self._bodies and not self._buf
+
+    def read(self) -> bytes:
+        """One ``read`` of the pipe (it must be readable, or this blocks), not yet fed."""
+        try:
+            data = os.read(self._fd, 1 << 18)
+        except OSError:
+            data = b""
+        if not data:
+            raise _HostGone
+        return data
+
+    def feed(self, data: bytes | None = None) -> None:
+        """Split ``data`` (else one :meth:`read`) into frames."""
+        if data is None:
+            data = self.read()
+        buf = self._buf + data if self._buf else data
+        start, end = 0, len(buf)
+        while end - start >= 4:
+            size = int.from_bytes(buf[start : start + 4], "big")
+            if size > MAX_FRAME:
+                raise _HostBroke(f"a frame of {size} bytes is over the cap")
+            if end - start - 4 < size:
+                break
+            self._bodies.append(buf[start + 4 : start + 4 + size])
+            start += 4 + size
+        self._buf = buf[start:]
+
+    def next_body(self) -> bytes:
+        """The next frame's body, reading (blocking) as needed."""
+        while not self._bodies:
+            self.feed()
+        return self._bodies.pop(0)
+
+    def next(self) -> dict[str, Any]:
+        """The next frame, reading (blocking) as needed."""
+        return _frame_map(self.next_body())
+
+
+def _frame_map(body: bytes) -> dict[str, Any]:
+    try:
+        msg = _wire.decode(body)
+    except _wire.WireError as exc:
+        raise _HostBroke(str(exc)) from None
+    if type(msg) is not dict:
+        raise _HostBroke("a frame must be a map")
+    return msg  # pyright: ignore[reportUnknownVariableType]
+
 
 _OK_HEAD = b"\x83\xa1k\xa2ok\xa2id"
 """How the host's ``{"k": "ok", "id": ..., "value": ...}`` begins (msgpack keeps order)."""
@@ -161,7 +591,7 @@ class Sandbox:
     def __init__(self, proto_in: int = 0, proto_out: int = 1) -> None:
         self._in = proto_in
         self._out = proto_out
-        self._frames = Frames(proto_in)
+        self._frames = _Frames(proto_in)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
@@ -198,10 +628,10 @@ class Sandbox:
         """Read the ``setup`` frame, build the agent's globals, answer ``ready``."""
         try:
             msg = self._frames.next()
-        except HostGone:
+        except _HostGone:
             return False
         if msg.get("k") != K_SETUP or self._frames.pending:
-            raise HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
+            raise _HostBroke(f"expected one setup frame first, got {msg.get('k')!r}")
         if "asyncio" not in sys.modules:
             self._hook = _WhenAsyncio(self._asyncio_imported)
             sys.meta_path.insert(0, self._hook)
@@ -209,7 +639,7 @@ class Sandbox:
         self.max_argument = int(msg.get("max_argument", self.max_argument))
         scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         scope.update(ERRORS)
-        scope.update(tool_globals(list(msg.get("tools", []))))
+        scope.update(_tool_globals(list(msg.get("tools", []))))
         self.namespace = scope
         self.send(
             {"k": K_READY, "pid": os.getpid(), "python": ".".join(map(str, sys.version_info[:3]))}
@@ -227,8 +657,8 @@ class Sandbox:
                 if kind == K_RUN:
                     self._execute(int(msg["id"]), str(msg["source"]))
                 elif kind not in (K_OK, K_ERR):  # a late answer to a dropped call is fine
-                    raise HostBroke(f"unknown frame kind {kind!r}")
-        except HostGone:
+                    raise _HostBroke(f"unknown frame kind {kind!r}")
+        except _HostGone:
             pass
 
     def _idle(self) -> None:
@@ -274,9 +704,9 @@ class Sandbox:
         """While the loop runs: answers to the calls waiting on futures."""
         try:
             self._answers()
-        except HostGone:  # the loop would only log it: end here
+        except _HostGone:  # the loop would only log it: end here
             os._exit(0)
-        except HostBroke as exc:
+        except _HostBroke as exc:
             os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
             os._exit(1)
 
@@ -294,9 +724,9 @@ class Sandbox:
         the agent's code could catch."""
         try:
             return self._call_now(call)
-        except HostGone:
+        except _HostGone:
             os._exit(0)
-        except HostBroke as exc:
+        except _HostBroke as exc:
             os.write(2, f"toolhost sandbox: the host broke the protocol: {exc}\n".encode())
             os._exit(1)
 
@@ -306,7 +736,7 @@ class Sandbox:
             msg = self._frames.next()
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
-                raise HostBroke(f"unexpected frame kind {kind!r} during a run")
+                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
             call_id = msg.get("id")
             future = self._waiting.pop(call_id, None) if type(call_id) is int else None
             if future is None or future.done():
@@ -314,7 +744,7 @@ class Sandbox:
             if kind == K_OK:
                 future.set_result(msg.get("value"))
             else:
-                future.set_exception(rebuild(as_dict(msg.get("error"))))
+                future.set_exception(_rebuild(_as_dict(msg.get("error"))))
 
     # -- tool calls ------------------------------------------------------------------
 
@@ -386,22 +816,22 @@ class Sandbox:
                 try:
                     value, end = _wire.decode_from(data, 4 + len(ok))
                 except _wire.WireError as exc:
-                    raise HostBroke(str(exc)) from None
+                    raise _HostBroke(str(exc)) from None
                 if end == len(data):
                     return value
             frames.feed(data)
         call_id = _wire.decode(packed_id)
         while True:
             body = frames.next_body()
-            msg = frame_map(body)
+            msg = _frame_map(body)
             kind = msg.get("k")
             if kind not in (K_OK, K_ERR):
-                raise HostBroke(f"unexpected frame kind {kind!r} during a run")
+                raise _HostBroke(f"unexpected frame kind {kind!r} during a run")
             if msg.get("id") != call_id:
                 continue  # a late answer to a call an earlier run dropped
             if kind == K_OK:
                 return msg.get("value")
-            raise rebuild(as_dict(msg.get("error")))
+            raise _rebuild(_as_dict(msg.get("error")))
 
     async def use(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Send one call frame and wait for the host's answer, on the loop."""
@@ -419,12 +849,18 @@ class Sandbox:
 
     # -- runs ------------------------------------------------------------------------
 
+    def share_sources(self) -> None:
+        """The runs' sources for ``linecache`` (tracebacks), once something loaded it."""
+        linecache = sys.modules.get("linecache")
+        if linecache is not None:
+            linecache.cache.update(self._sources)
+
     def _execute(self, run_id: int, source: str) -> None:
         self._runs += 1
         filename = f"<run {self._runs}>"
         self._sources[filename] = (len(source), None, source.splitlines(True), filename)
-        share_sources(self._sources)
-        capture = Capture(self.max_output)
+        self.share_sources()
+        capture = _Capture(self.max_output)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = capture
         self._run = run_id
@@ -432,9 +868,9 @@ class Sandbox:
         ok, value, error = True, None, None
         try:
             value = self._drive(self._evaluate(source, filename))
-        except (HostGone, HostBroke):
+        except (_HostGone, _HostBroke):
             raise
-        except OutputLimit:
+        except _OutputLimit:
             ok = False
             error = {
                 "kind": "limit_exceeded",
@@ -449,7 +885,7 @@ class Sandbox:
                 # The host replaces this sandbox: free the agent's data first, so that
                 # reporting the error (which may import ``traceback``) has memory to use.
                 self.namespace.clear()
-            error = error_data(exc, self._sources)
+            error = _error(exc)
             if capture.over:
                 error = {**error, "kind": "limit_exceeded", "limit": "code_max_output"}
         finally:
@@ -465,7 +901,7 @@ class Sandbox:
             if not c.awaited
         ][:_MAX_WARNINGS]
         self.calls = []
-        plain, note = as_plain(value, self.max_output) if ok else (None, None)
+        plain, note = self._plain(value) if ok else (None, None)
         if note:
             warnings.append(note)
         self.send(
@@ -548,7 +984,7 @@ class Sandbox:
                     break
                 try:
                     value = self._call_now(step)
-                except (HostGone, HostBroke):
+                except (_HostGone, _HostBroke):
                     raise
                 except BaseException as exc:  # the call's error, raised where it was awaited
                     error = exc
@@ -572,7 +1008,7 @@ class Sandbox:
         self.loop_mode = True
         loop.add_reader(self._in, self._on_readable)
         try:
-            return loop.run_until_complete(_adopt(self, coro, step))
+            return loop.run_until_complete(_adopt(coro, step))
         finally:
             loop.remove_reader(self._in)
             self.loop_mode = False
@@ -599,52 +1035,47 @@ class Sandbox:
             future.cancel()
         self._waiting.clear()
 
+    def _plain(self, value: Any) -> tuple[Any, str | None]:
+        kind: type[object] = type(value)  # pyright: ignore[reportUnknownVariableType]
+        if value is None or kind is bool or kind is float:
+            return value, None
+        if kind is int and -(2**63) <= value < 2**64:
+            return value, None
+        if kind is str:
+            return (value, None) if len(value) <= self.max_output else self._big()
+        from ._convert import NotPlainData, to_plain  # on first use: it imports a lot
 
-class _Adopt:
-    """Hands a run that the driver started over to asyncio's loop, mid-flight: yields what
-    the run's coroutine yields (to the task running this), and makes the one pending
-    :class:`ToolCall` (if the switch happened there) a call through the loop."""
-
-    __slots__ = ("_coro", "_pending", "_sandbox")
-
-    def __init__(self, sandbox: Sandbox, coro: Coroutine[Any, Any, Any], pending: object) -> None:
-        self._sandbox = sandbox
-        self._coro = coro
-        self._pending = pending
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, step = self._coro, self._pending
-        while True:
+        try:
+            plain = to_plain(value, "value")
+        except NotPlainData as exc:
             try:
-                if type(step) is ToolCall:
-                    try:
-                        use = self._sandbox.use(step.tool, step.args, step.kwargs)
-                        value = yield from use.__await__()
-                    except BaseException as exc:
-                        step = coro.throw(exc)
-                    else:
-                        step = coro.send(value)
-                else:
-                    try:
-                        value = yield step
-                    except BaseException as exc:
-                        step = coro.throw(exc)
-                    else:
-                        step = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
+                text = _text(repr(value))
+            except BaseException as error:  # a hostile or huge object: its repr fails
+                text = f"<unrepresentable: {type(error).__name__}>"
+            return text, (
+                f"the value is a {exc.type_name}, which is not plain data; its repr is shown"
+            )
+        except BaseException as exc:  # a hostile object: never let it escape
+            return None, f"the value could not be converted: {type(exc).__name__}"
+        if len(_wire.encode(plain)) > self.max_output:
+            return self._big()
+        return plain, None
 
-
-async def _adopt(sandbox: Sandbox, coro: Coroutine[Any, Any, Any], pending: object) -> Any:
-    return await _Adopt(sandbox, coro, pending)
+    def _big(self) -> tuple[None, str]:
+        return None, f"the value is larger than {self.max_output} bytes; it is not returned"
 
 
 async def _nothing() -> None:
     pass
 
 
+def _as_dict(value: object) -> dict[str, Any]:
+    if type(value) is dict:
+        return value  # pyright: ignore[reportUnknownVariableType]
+    return {}
+
+
 _SANDBOX = Sandbox()
-attach(_SANDBOX)  # the sandbox every tool call talks to
 
 
 def main() -> None:
@@ -653,5 +1084,5 @@ def main() -> None:
     try:
         if _SANDBOX.setup():
             _SANDBOX.serve()
-    except HostGone:
+    except _HostGone:
         pass

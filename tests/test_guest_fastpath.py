@@ -11,7 +11,7 @@ from typing import Any
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import pytest
 
-from capsule import _guest, _guest_errors, _guest_io, _guest_tools, protocol
+from capsule import _guest, protocol
 
 
 def packb(value: Any) -> bytes:
@@ -49,7 +49,7 @@ class Pipes:
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """``await add(*args, **kwargs)`` as the driver makes it."""
-        call = _guest_tools.ToolCall("add", args, kwargs)
+        call = _guest.ToolCall("add", args, kwargs)
         call.awaited = True
         return self.sandbox._call_now(call)  # pyright: ignore[reportPrivateUsage]
 
@@ -142,7 +142,7 @@ def test_an_error_answer_is_raised(pipes: Pipes) -> None:
     call_id = pipes.next_id()
     error = {"kind": "policy_denied", "message": "no", "rule": "r1"}
     os.write(pipes.to_guest, frame({"k": "err", "id": call_id, "error": error}))
-    with pytest.raises(_guest_errors.PolicyDenied, match="no") as caught:
+    with pytest.raises(_guest.PolicyDenied, match="no") as caught:
         pipes.call()
     assert vars(caught.value)["rule"] == "r1"
 
@@ -174,24 +174,24 @@ def test_other_encodings_of_the_answer(pipes: Pipes, body: bytes) -> None:
 def test_a_broken_answer_ends_the_guest(pipes: Pipes, body: bytes) -> None:
     pipes.sandbox._next_id = 0  # pyright: ignore[reportPrivateUsage]
     os.write(pipes.to_guest, len(body).to_bytes(4, "big") + body)
-    with pytest.raises(_guest_io.HostBroke):
+    with pytest.raises(_guest._HostBroke):  # pyright: ignore[reportPrivateUsage]
         pipes.call()
 
 
 def test_the_host_gone_while_waiting(pipes: Pipes) -> None:
     os.close(pipes.to_guest)
     pipes.to_guest = os.open(os.devnull, os.O_RDONLY)  # closed by the fixture
-    with pytest.raises(_guest_io.HostGone):
+    with pytest.raises(_guest._HostGone):  # pyright: ignore[reportPrivateUsage]
         pipes.call()
 
 
 def test_invalid_and_oversize_arguments_send_nothing(pipes: Pipes) -> None:
-    with pytest.raises(_guest_errors.InvalidArguments, match="plain data"):
+    with pytest.raises(_guest.InvalidArguments, match="plain data"):
         pipes.call(object())
-    with pytest.raises(_guest_errors.InvalidArguments, match="plain data"):
+    with pytest.raises(_guest.InvalidArguments, match="plain data"):
         pipes.call("\ud800")
     pipes.sandbox.max_argument = 10
-    with pytest.raises(_guest_errors.InvalidArguments, match="over the limit of 10"):
+    with pytest.raises(_guest.InvalidArguments, match="over the limit of 10"):
         pipes.call("x" * 10)
     os.set_blocking(pipes.from_guest, False)
     with pytest.raises(BlockingIOError):
@@ -199,7 +199,7 @@ def test_invalid_and_oversize_arguments_send_nothing(pipes: Pipes) -> None:
 
 
 def test_a_call_remembers_the_agents_line() -> None:
-    scope: dict[str, Any] = {"add": _guest_tools.Tool("add")}
+    scope: dict[str, Any] = {"add": _guest.Tool("add")}
     code = compile("x = 1\ncall = add(1)\n", "<run 99>", "exec")
     try:
         exec(code, scope)
@@ -218,7 +218,7 @@ def test_on_the_loop_a_call_is_made_in_place_only_when_nothing_else_could_run(
     import asyncio
 
     sandbox = pipes.sandbox
-    monkeypatch.setattr(_guest_tools, "_sandbox", sandbox)  # the one tool calls talk to
+    monkeypatch.setattr(_guest, "_SANDBOX", sandbox)  # the one tool calls talk to
     loop = asyncio.new_event_loop()
     sandbox._loop = loop  # pyright: ignore[reportPrivateUsage]
     sandbox.loop_mode = True
@@ -238,7 +238,7 @@ def test_on_the_loop_a_call_is_made_in_place_only_when_nothing_else_could_run(
         sandbox._waiting.clear()  # pyright: ignore[reportPrivateUsage]
 
         async def code() -> Any:
-            return await _guest_tools.ToolCall("add", (2, 3), {})
+            return await _guest.ToolCall("add", (2, 3), {})
 
         call_id = pipes.next_id()
         os.write(pipes.to_guest, frame({"k": "ok", "id": call_id, "value": 5}))

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capsule import _guest, _guest_io, _wire, protocol
+from capsule import _guest, _wire, protocol
 
 
 def packb(value: Any) -> bytes:
@@ -159,8 +159,8 @@ def test_float32_from_other_encoders() -> None:
 
 def test_the_guest_speaks_the_protocols_frame_kinds() -> None:
     for name in ("SETUP", "READY", "RUN", "USE", "DROP", "DONE", "OK", "ERR"):
-        assert getattr(_guest_io, f"K_{name}") == getattr(protocol, f"K_{name}")
-    assert protocol.MAX_FRAME == _guest_io.MAX_FRAME
+        assert getattr(_guest, f"K_{name}") == getattr(protocol, f"K_{name}")
+    assert protocol.MAX_FRAME == _guest.MAX_FRAME
     import ast
 
     assert (ast.PyCF_ONLY_AST, ast.PyCF_ALLOW_TOP_LEVEL_AWAIT) == (
