@@ -1,7 +1,9 @@
 """toolhost: a sandboxed capsule tool host for LLM agents.
 
-The public API is what this module lists in ``__all__``; everything in ``host._*`` is
-private and may change.
+The public API is what this module lists in ``__all__`` (and ``host.errors``); every
+other module, the wings (``host.declare``, ``host.policy``, ``host.audit``,
+``host.capsules``, ``host.settings``, ``host.serve``, ``host.cli``) and ``host._*``
+included, is private and may change. ARCHITECTURE.md maps them.
 """
 
 from . import errors as errors
