@@ -29,7 +29,7 @@ from .conftest import AGENT_SRC
 GOLDEN = Path(__file__).parent / "golden"
 TRICKY = GOLDEN / "tricky"
 UPDATE = os.environ.get("TOOLHOST_UPDATE_GOLDEN") == "1"
-SHARED_CACHE = Path(__file__).parent.parent / ".pytest_cache" / "toolhost-scopes"
+SHARED_CACHE = Path(__file__).parent.parent / ".pytest_cache" / "toolhost-cache"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def cache() -> Iterator[Path]:
     """The tests' shared scope cache: each fixture project is built by pyright once (the
     cache is content-addressed, so an entry can never be stale)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TOOLHOST_CACHE_DIR", str(SHARED_CACHE))
+        patch.setenv("TOOLHOST_CACHE", str(SHARED_CACHE))
         yield SHARED_CACHE
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import sys
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +17,7 @@ import pytest
 
 from capsule import _registry
 from host import DeclarationError, Host, InvalidArguments
+from host.capsules import _wasm_cache
 from host.declare import _pyright
 from host.declare._cache import _CODE, load, load_or_build_scope, scope_key  # pyright: ignore[reportPrivateUsage]
 from host.declare._discovery import discover
@@ -26,7 +28,7 @@ from host.testing import in_process
 from .conftest import AGENT_SRC
 
 GOLDEN = Path(__file__).parent / "golden"
-SHARED_CACHE = Path(__file__).parent.parent / ".pytest_cache" / "toolhost-scopes"
+SHARED_CACHE = Path(__file__).parent.parent / ".pytest_cache" / "toolhost-cache"
 """Scopes for tests that do not count pyright runs: content-addressed, so never stale."""
 
 CALC = '''
@@ -54,7 +56,7 @@ def scale(values: list[float], options: Options, blob: bytes = b"") -> list[floa
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Sequence[Path]]:
     """Every pyright run, counted; a private scope cache for the test."""
-    monkeypatch.setenv("TOOLHOST_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TOOLHOST_CACHE", str(tmp_path / "cache"))
     seen: list[Sequence[Path]] = []
     real = _pyright.start
 
@@ -85,12 +87,35 @@ async def test_a_second_start_with_unchanged_tools_runs_no_pyright(
     assert len(runs) == 2
 
 
+def test_one_variable_names_the_cache_with_a_folder_per_use(
+    make_project: Callable[..., Path],
+    runs: list[Sequence[Path]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    discovery = discover(make_project({"calc": CALC}) / "tools")
+    built = load_or_build_scope(discovery)  # TOOLHOST_CACHE is tmp_path/cache (``runs``)
+    assert (tmp_path / "cache" / "scopes" / f"{built.key}.json").is_file()
+    assert _wasm_cache.cache_root() == tmp_path / "cache"  # compiled Wasm goes in cache/wasm
+    # The old name of the scopes folder alone still works, with a note, when the new
+    # one is not set; when it is, the new one wins.
+    monkeypatch.setenv("TOOLHOST_CACHE_DIR", str(tmp_path / "old"))
+    assert load_or_build_scope(discovery) == built
+    assert not (tmp_path / "old").exists()
+    monkeypatch.delenv("TOOLHOST_CACHE")
+    with caplog.at_level(logging.WARNING, logger="toolhost"):
+        assert load_or_build_scope(discovery) == built
+    assert (tmp_path / "old" / f"{built.key}.json").is_file()
+    assert "TOOLHOST_CACHE_DIR is deprecated: set TOOLHOST_CACHE" in caplog.text
+
+
 def test_a_corrupt_cache_entry_is_a_miss(
     make_project: Callable[..., Path], runs: list[Sequence[Path]], tmp_path: Path
 ) -> None:
     discovery = discover(make_project({"calc": CALC}) / "tools")
     first = load_or_build_scope(discovery)
-    cache = tmp_path / "cache"
+    cache = tmp_path / "cache" / "scopes"
     entry = cache / f"{scope_key(discovery)}.json"
     assert json.loads(entry.read_text())["key"] == first.key
     assert load(first.key, cache) == first
@@ -137,14 +162,15 @@ async def test_a_failed_declaration_stops_the_host_and_is_not_cached(
         async with Host.open(project, capsule=in_process()):
             pass  # pragma: no cover
     assert len(runs) == 1
-    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+    scopes = tmp_path / "cache" / "scopes"
+    assert not scopes.exists() or list(scopes.iterdir()) == []
 
 
 @pytest.mark.anyio
 async def test_arguments_are_validated_before_policy(
     make_project: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TOOLHOST_CACHE_DIR", str(SHARED_CACHE))
+    monkeypatch.setenv("TOOLHOST_CACHE", str(SHARED_CACHE))
     project = make_project({"calc": CALC})
     async with Host.open(project, capsule=in_process()) as host:
         decided: list[str] = []
@@ -208,7 +234,7 @@ def _imported(tools_dir: Path, package: str) -> Iterator[tuple[str, Callable[...
 def scopes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Scope]]:
     del tmp_path_factory
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TOOLHOST_CACHE_DIR", str(SHARED_CACHE))
+        patch.setenv("TOOLHOST_CACHE", str(SHARED_CACHE))
         yield {
             "example": load_or_build_scope(discover(AGENT_SRC / "tools")),
             "tricky": load_or_build_scope(discover(GOLDEN / "tricky" / "tools")),

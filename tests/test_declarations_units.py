@@ -136,6 +136,7 @@ _NAMES: dict[str, Ref | External] = {
     "int": External("builtins", "int"),
     "str": External("builtins", "str"),
     "set": External("builtins", "set"),
+    "list": External("builtins", "list"),
     "tuple": External("builtins", "tuple"),
 }
 
@@ -161,7 +162,7 @@ def _canon(text: str, *, returning: bool = False) -> Canonical:
         ("Literal['a', None]", "Literal['a'] | None"),
         ("datetime | None", "str | None"),
         ("tuple[int, ...]", "tuple[int, ...]"),
-        ("set[int]", "list[int]"),
+        ("list", "list[Any]"),  # ``Any`` is ours: the tool file need not import it
     ],
 )
 def test_canonical_spelling(source: str, canonical: str) -> None:
@@ -183,6 +184,15 @@ def test_weak_types_become_any_with_a_note(source: str, note: str) -> None:
     got = _canon(source)
     assert "Any" in got.text
     assert any(note in n for n in got.notes), got.notes
+
+
+def test_a_set_is_declared_as_a_list_and_said() -> None:
+    got = _canon("set[int]")
+    assert got.text == "list[int]"
+    assert got.notes == [
+        "a set is not plain data: declared as a list (a tool receives a list; a result "
+        "holding a set fails with NotSerializable)"
+    ]
 
 
 def test_a_returned_set_is_flagged() -> None:

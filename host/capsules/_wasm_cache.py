@@ -56,13 +56,12 @@ class Prepared:
 
 
 def cache_root() -> Path:
-    """``$TOOLHOST_CACHE``, else ``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost``."""
-    explicit = os.environ.get("TOOLHOST_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "toolhost"
+    """toolhost's one cache folder, whose ``wasm/`` is this cache: ``$TOOLHOST_CACHE``,
+    else ``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost`` (``host.declare`` owns
+    the definition; imported here, as the child never calls this)."""
+    from host.declare import cache_root as root
+
+    return root()
 
 
 def _private_dir(path: Path) -> Path:

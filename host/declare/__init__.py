@@ -10,6 +10,7 @@ Imports only ``host.errors`` (and the standard library, pydantic-free). Never im
 the scope, the scope reads nobody. What other wings may use is listed below.
 """
 
+from ._cache import cache_root as cache_root
 from ._cache import load_or_build_scope as load_or_build_scope
 from ._discovery import discover as discover
 from ._project import Project as Project
@@ -27,6 +28,7 @@ from ._specs import Param as Param
 from ._specs import ToolSpec as ToolSpec
 
 __all__ = [
+    "cache_root",
     "load_or_build_scope",
     "NO_DEFAULT",
     "POSITIONAL_ONLY",

@@ -44,6 +44,8 @@ _CORE: Final = frozenset(
     | {"None", "CoroutineType"}
 )
 
+UNREACHABLE: Final = "<unreachable>"
+"""What the probe reads for an export pyright cannot reach (it is not a type)."""
 _WORDS = re.compile(r"[A-Za-z_]\w*")
 Runner = Callable[..., _pyright.Run]
 """``_pyright.start``'s signature; tests pass a counting wrapper."""
@@ -110,6 +112,12 @@ def _read_probe(
     lines = probe.splitlines()
     for d in diagnostics:
         if d.file != PROBE or d.severity != "error":
+            continue
+        if d.rule == "reportAttributeAccessIssue" and d.line in where:
+            # The export is in the file (discovery read it) but pyright cannot reach it:
+            # code above it always raises or exits at import. It is declared from the
+            # source; loading the file fails in the capsule like any other import error.
+            printed[where[d.line]] = UNREACHABLE
             continue
         text = _pyright.declared_type(d.message) if d.rule == "reportAssignmentType" else None
         if text is None or d.line not in where:
@@ -207,11 +215,22 @@ class _Builder:
 
     def tool(self, spec: ToolSpec, printed: str | None) -> ToolDecl:
         notes: list[str] = []
+        unreachable = printed == UNREACHABLE
+        if unreachable:
+            printed = None
+            notes.append(
+                f"pyright cannot reach this export: code above it in {self.relative(spec.source)} "
+                "always raises or exits when the file is imported, so the file will fail to "
+                "load; declared from the source annotations"
+            )
         inferred = printed if printed is not None else "Any"
         signature: _pyright.Signature | None = None
         returns: str | None = None
         if printed is None:
-            notes.append("pyright sees this export as Any: declared from the source annotations")
+            if not unreachable:
+                notes.append(
+                    "pyright sees this export as Any: declared from the source annotations"
+                )
         elif (variants := _pyright.overloads(printed)) is not None:
             sigs = [s for v in variants if (s := _pyright.parse_signature(v)) is not None]
             returns = " | ".join(f"({s.returns})" for s in sigs) or None
@@ -255,7 +274,7 @@ class _Builder:
                 self.canonical(spec, None, p.annotation, what, returning=False)  # dangling?
             got = self.canonical(spec, text, p.annotation, what, returning=False)
             notes.extend(f"parameter {p.name}: {n}" for n in got.notes)
-            default = None if p.default is None else ("..." if p.value is NO_DEFAULT else p.default)
+            default = None if p.default is None else self.default(spec, p.default, p.value)
             params.append(ParamDecl(p.name, p.kind, got.text, default, doc.params.get(p.name)))
         if returns is not None and "Unknown" in returns and spec.returns is not None:
             self.canonical(spec, None, spec.returns, "return type", returning=True)  # dangling?
@@ -278,6 +297,14 @@ class _Builder:
             summary=doc.summary,
             returns_description=doc.returns,
         )
+
+    def default(self, spec: ToolSpec, text: str, value: object) -> str:
+        """A default as the model sees it: as written when it is a literal, an Enum
+        member's value (the value it crosses as), else ``...``."""
+        if value is not NO_DEFAULT:
+            return text
+        found, member = self.shapes.enum_value(self.index.module_of(spec.source), text)
+        return repr(member) if found else "..."
 
     def types(self) -> tuple[TypeDecl, ...]:
         """Every type the tools mention, transitively: merged, checked, in dependency order."""

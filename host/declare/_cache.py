@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -25,7 +26,18 @@ from ._build import Runner, build_scope
 from ._scope import Scope
 from ._specs import Discovery
 
-__all__ = ["cache_dir", "scope_key", "load", "store", "load_or_build_scope", "MAX_ENTRIES"]
+__all__ = [
+    "cache_root",
+    "cache_dir",
+    "scope_key",
+    "load",
+    "store",
+    "load_or_build_scope",
+    "MAX_ENTRIES",
+]
+
+logger = logging.getLogger("toolhost")
+_warned: set[str] = set()
 
 MAX_ENTRIES: Final = 256
 """Entries kept; the least recently written go first."""
@@ -47,12 +59,32 @@ _CODE: Final = (
 """The modules whose code decides what a scope holds (their text is part of the key)."""
 
 
-def cache_dir() -> Path:
-    explicit = os.environ.get("TOOLHOST_CACHE_DIR")
+def cache_root() -> Path:
+    """toolhost's one cache folder: ``$TOOLHOST_CACHE``, else ``$XDG_CACHE_HOME/toolhost``,
+    else ``~/.cache/toolhost``. Each use has a subfolder: ``scopes/`` here, ``wasm/`` for
+    compiled Wasm modules and the guest library."""
+    explicit = os.environ.get("TOOLHOST_CACHE")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "toolhost" / "scopes"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "toolhost"
+
+
+def cache_dir() -> Path:
+    """``scopes/`` in the cache folder. ``$TOOLHOST_CACHE_DIR``, the old name of this
+    folder alone, is still read (with a deprecation note in the log) when
+    ``$TOOLHOST_CACHE`` is not set."""
+    old = os.environ.get("TOOLHOST_CACHE_DIR")
+    if old and not os.environ.get("TOOLHOST_CACHE"):
+        if old not in _warned:
+            _warned.add(old)
+            logger.warning(
+                "TOOLHOST_CACHE_DIR is deprecated: set TOOLHOST_CACHE to the cache folder "
+                "instead (built scopes go in its scopes/ subfolder)"
+            )
+        return Path(old)
+    return cache_root() / "scopes"
 
 
 def scope_key(discovery: Discovery) -> str:

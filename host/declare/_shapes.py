@@ -233,13 +233,14 @@ class Shapes:
                         out.append(FieldDecl(key.value, canon(value)))
         return tuple(out)
 
-    def _enum(self, ref: Ref, node: ast.ClassDef) -> str:
-        """``Literal[...]`` of the members' values: what an Enum becomes at the boundary."""
+    def _members(self, ref: Ref, node: ast.ClassDef) -> dict[str, object] | None:
+        """An Enum's members and their values as written; ``None`` when one is not a
+        literal (nor ``auto()``)."""
         strings = any(
             (ext := self.external(ref.module, _base(b))) is not None and ext.name == "StrEnum"
             for b in node.bases
         )
-        values: list[object] = []
+        members: dict[str, object] = {}
         for stmt in node.body:
             if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
                 continue
@@ -250,13 +251,48 @@ class Shapes:
                 ["auto"],
                 ["enum", "auto"],
             ):
-                last = next((v for v in reversed(values) if type(v) is int), 0)
-                values.append(target.id.lower() if strings else last + 1)
+                last = next((v for v in reversed(members.values()) if type(v) is int), 0)
+                members[target.id] = target.id.lower() if strings else last + 1
                 continue
             try:
-                values.append(ast.literal_eval(stmt.value))
+                members[target.id] = ast.literal_eval(stmt.value)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return "Any"
+                return None
+        return members
+
+    def enum_value(self, module: str, text: str) -> tuple[bool, object]:
+        """``(True, value)`` when ``text`` (a default as written in ``module``) names a
+        member of an Enum of the tools folder, such as ``Color.RED``: the value it crosses
+        the boundary as. Else ``(False, None)``."""
+        try:
+            node = ast.parse(text.strip(), mode="eval").body
+        except SyntaxError:
+            return False, None
+        if not isinstance(node, ast.Attribute):
+            return False, None
+        ref = self.ref(module, node.value)
+        if ref is None or self.kind(ref) != "enum":
+            return False, None
+        cls = self.index.definition(ref)
+        members = self._members(ref, cls) if isinstance(cls, ast.ClassDef) else None
+        if members is None or node.attr not in members:
+            return False, None
+        value = members[node.attr]
+        return (
+            (True, value)
+            if isinstance(value, (str, int, bytes)) or value is None
+            else (
+                False,
+                None,
+            )
+        )
+
+    def _enum(self, ref: Ref, node: ast.ClassDef) -> str:
+        """``Literal[...]`` of the members' values: what an Enum becomes at the boundary."""
+        members = self._members(ref, node)
+        if members is None:
+            return "Any"
+        values = list(members.values())
         plain = [v for v in values if isinstance(v, (str, int, bytes)) or v is None]
         if len(plain) != len(values) or not values:
             return "Any"

@@ -130,6 +130,9 @@ def _union(items: list[ast.expr]) -> ast.expr:
     return out
 
 
+_ANY: Final = ast.Name("Any")
+
+
 def _subscript(name: str, args: list[ast.expr]) -> ast.expr:
     if not args:
         return ast.Name(name)
@@ -202,8 +205,19 @@ class _Canon:
             return _union([self.expr(a) for a in args])
         if name == "Literal" and args:
             return self.literal(args)
+        if name in _SETS and not self.returning:
+            # A weak spot, said: a set crosses as a list (an argument arrives as one, and a
+            # result holding a set fails), so it is declared as a list, with a note.
+            note = (
+                "a set is not plain data: declared as a list (a tool receives a list; "
+                "a result holding a set fails with NotSerializable)"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
         if name in _LISTS or (name in _SETS and not self.returning):
-            return _subscript("list", [self.expr(a) for a in (args or [ast.Name("Any")])[:1]])
+            # A bare ``list`` is ``list[Any]``: ``Any`` is ours, not a name to resolve in
+            # the tool file (which need not import it).
+            return _subscript("list", [self.expr(a) for a in args[:1]] if args else [_ANY])
         if name in _DICTS:
             given = [self.expr(a) for a in args or []]
             return _subscript(
