@@ -106,7 +106,10 @@ def test_without_the_setting_there_is_no_data_folder(project: Path) -> None:
         ('"afile"', "'afile' is a file, not a folder"),
         ('""', "at least 1 character"),
         ("5", 'data is a folder name, "notes", or a table'),
-        ('{ path = "data", write = true }', "Extra inputs are not permitted"),
+        (
+            '{ path = "data", write = true }',
+            "unknown key 'write' in capsules.data; did you mean 'writable'?",
+        ),
         ("{ writable = true }", "Field required"),
         ('{ path = "data", writable = "yes" }', "valid boolean"),
         ('{ path = "data", quota = "64MiB" }', "a quota limits what tools may write"),

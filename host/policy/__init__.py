@@ -28,6 +28,9 @@ from ._decide import policy_arguments as policy_arguments
 from ._files import Channel as Channel
 from ._files import PolicyConfig as PolicyConfig
 from ._files import load_policy as load_policy
+from ._lint import PolicyWarning as PolicyWarning
+from ._lint import lint_policy as lint_policy
+from ._lint import missing_policy as missing_policy
 from ._quotas import Quotas as Quotas
 from ._quotas import Reservation as Reservation
 
@@ -50,6 +53,9 @@ __all__ = [
     "policy_arguments",
     "PolicyConfig",
     "load_policy",
+    "PolicyWarning",
+    "lint_policy",
+    "missing_policy",
     "Quotas",
     "Reservation",
 ]

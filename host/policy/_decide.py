@@ -40,6 +40,7 @@ from host.declare import VAR_KEYWORD, VAR_POSITIONAL, ToolSpec
 from host.errors import PolicyFileError
 
 from ._files import Caller, Channel, PolicyConfig, Quota, Rule, load_policy
+from ._paths import path_truth
 from ._watch import Watch, open_watch
 
 __all__ = [
@@ -164,6 +165,10 @@ _COMPARE: Final[dict[str, Callable[[float, float], bool]]] = {
 }
 
 
+def _path_glob(glob: str, path: str) -> bool:
+    return value_glob(glob).fullmatch(path) is not None
+
+
 def _all(truths: Sequence[Truth]) -> Truth:
     if any(t is False for t in truths):
         return False
@@ -190,6 +195,8 @@ def _condition(value: Any, condition: Any) -> Truth:
     if not isinstance(condition, dict):
         return _equal(value, condition)
     table = cast("Mapping[str, Any]", condition)
+    if "path" in table:
+        return path_truth(value, table, _path_glob)
     truths: list[Truth] = []
     if "regex" in table:
         pattern = re.compile(str(table["regex"]))

@@ -36,6 +36,9 @@ from host.settings import (
     parse_size,
 )
 
+from ._paths import PATH_KEYS, check_path_condition
+from ._suggest import did_you_mean, unknown_key
+
 __all__ = [
     "Limits",
     "EnvConfig",
@@ -74,7 +77,7 @@ class Defaults(_Model):
 
 
 _TOOL_GLOB = re.compile(r"^[\w.*?]+$")
-_WHEN_KEYS = ("regex", "gt", "ge", "lt", "le", "in")
+_WHEN_KEYS = ("regex", "gt", "ge", "lt", "le", "in", *PATH_KEYS)
 
 
 def _tool_globs(value: object) -> object:
@@ -96,11 +99,15 @@ def _condition(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         table: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        if any(key in table for key in PATH_KEYS):
+            check_path_condition(table)
+            return table
         unknown = sorted(set(table) - set(_WHEN_KEYS))
         if unknown or not table:
             raise ValueError(
                 f"a condition table takes {', '.join(_WHEN_KEYS)}"
                 + (f", not {', '.join(unknown)}" if unknown else "")
+                + (did_you_mean(unknown[0], _WHEN_KEYS) if len(unknown) == 1 else "")
             )
         if "regex" in table:
             pattern = table["regex"]
@@ -126,7 +133,7 @@ def _condition(value: Any) -> Any:
         raise ValueError("to accept one of several values write {in = [...]}")
     raise ValueError(
         "a condition is a string glob, a number, a boolean, or a table "
-        "{regex = ..}, {gt/ge/lt/le = ..}, {in = [..]}"
+        "{regex = ..}, {gt/ge/lt/le = ..}, {in = [..]}, {path = .., base = ..}"
     )
 
 
@@ -268,15 +275,23 @@ def _parse_file(
         # Paths in the file (``[capsules] data``) are checked against the project folder.
         parsed = PolicyFile.model_validate(data, context={"root": root or path.parent})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # An unknown key first: a misspelled key also leaves its field missing, and the
+        # key is what to fix.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(first["loc"])
         field = ".".join(str(p) for p in loc) or None
         message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = unknown_key(PolicyFile, loc)
         context = first.get("ctx") or {}
         if first["type"] == "value_error" and "error" in context:
             message = str(context["error"])  # without pydantic's "Value error, " prefix
         given = first.get("input")
-        if isinstance(given, (str, int, float)) and first["type"] != "value_error":
+        if isinstance(given, (str, int, float)) and first["type"] not in (
+            "value_error",
+            "extra_forbidden",
+        ):
             message += f" (got {given!r:.60})"
         raise PolicyFileError(message, file=name, line=_line_of(text, loc), field=field) from exc
     for index, rule in enumerate(parsed.rules):
