@@ -237,10 +237,30 @@ async def test_a_flood_of_output_is_dropped_and_the_host_stays_small() -> None:
         elapsed = time.monotonic() - start
         grown = me.memory_info().rss - before
         delivered = sum(len(e.data["data"]) for e in recorder.of("console"))
-        dropped = max(e.data["dropped_bytes"] for e in recorder.of("console_dropped"))
+        dropped = sum(e.data["dropped_bytes"] for e in recorder.of("console_dropped"))
         # The budget is a 1 MiB burst plus 256 KiB/s: far below the 50 MB written.
         assert delivered <= 1024 * 1024 + 256 * 1024 * elapsed + 65536
         assert dropped > 10 * 1024 * 1024
         assert grown < 40 * 1024 * 1024, f"host memory grew by {grown / 1e6:.1f} MB"
         assert await host.call("bump") == 1
         assert await host.call("quick") == "quick"
+
+
+async def test_a_flood_of_lines_shows_whole_lines_and_says_what_it_dropped() -> None:
+    count = 40_000  # 6.4 MB in 80,000 lines, printed in two writes each
+    async with Host.open(LAB) as host:
+        recorder = Recorder(host)
+        assert await host.call("flood_lines", count) == count
+    # The host is closed: its capsule has exited, so every run of dropped output is said.
+    shown = recorder.console()
+    for stream, head in (("stdout", "out "), ("stderr", "err ")):
+        text = "".join(e.data["data"] for e in recorder.of("console") if e.data["stream"] == stream)
+        lines = text.splitlines()
+        assert text.endswith("\n") and lines
+        odd = [line for line in lines if len(line) != 80 or not line.startswith(head)]
+        assert odd == [], odd[:3]
+    dropped = recorder.of("console_dropped")
+    assert dropped, "a flood over the budget drops output and says so"
+    assert all(e.data["dropped_bytes"] > 0 for e in dropped)
+    assert len(shown) + sum(e.data["dropped_bytes"] for e in dropped) == 2 * count * 81
+    assert dropped[-1].data["total_bytes"] == 2 * count * 81 - len(shown)

@@ -367,6 +367,10 @@ async def test_memory_limit(make_project: Callable[..., Path], wasm_prepared: An
         bomb = await host.run_code("blob = bytearray(512 * 1024 * 1024)")
         assert bomb.error is not None
         assert (bomb.error.kind, bomb.error.limit) == ("limit_exceeded", "code_memory")
+        assert bomb.error.message.startswith(
+            "limit code_memory exceeded: the code needed more memory than code_memory allows "
+            "(64 MiB; raise [limits] code_memory to allow more); "
+        )
         assert "were lost" in bomb.error.message
         assert ok(await host.run_code("'keep' in globals()")) is False
         assert ok(await host.run_code("len(bytearray(8 * 1024 * 1024))")) == 8 * 1024 * 1024

@@ -16,6 +16,7 @@ from ._code_results import CodeError as CodeError
 from ._code_results import CodeResult as CodeResult
 from ._process import minimal_env as minimal_env
 from ._sandbox import CodeSandbox as CodeSandbox
+from ._subprocess import check_interpreter as check_interpreter
 from ._supervisor import Supervisor as Supervisor
 from ._transport import FileReport as FileReport
 from ._transport import LoadReport as LoadReport
@@ -30,6 +31,7 @@ __all__ = [
     "CodeError",
     "CodeResult",
     "CodeSandbox",
+    "check_interpreter",
     "Supervisor",
     "FileReport",
     "LoadReport",

@@ -111,6 +111,22 @@ class _Run:
         return out
 
 
+def _mib(size: int) -> str:
+    return f"{size / 1024**2:g} MiB" if size >= 1024**2 else f"{size} bytes"
+
+
+def _guest_limit(limit: str | None, message: str, limits: Limits) -> str:
+    """What a limit the guest ran into means, in words (its own message may be empty:
+    a ``MemoryError`` has none)."""
+    if limit == "code_memory":
+        what = (
+            f"the code needed more memory than code_memory allows ({_mib(limits.code_memory)}; "
+            "raise [limits] code_memory to allow more)"
+        )
+        return f"{what}: {message}" if message.strip() else what
+    return message.strip() or f"the run went over {limit}"
+
+
 def _error_for_guest(exc: HostError) -> dict[str, Any]:
     """The error as the agent's code may see it: its own fields, no host traceback."""
     data: dict[str, Any] = {}
@@ -404,8 +420,9 @@ class CodeSandbox:
                 self._events.emit(
                     "sandbox_reset", self._session, reason=error.message, limit=error.limit
                 )
+                detail = _guest_limit(error.limit, error.message, self._limits)
                 error = error.model_copy(
-                    update={"message": f"limit {error.limit} exceeded: {error.message}; {LOST}"}
+                    update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
                 )
         raw_warnings: Any = done.get("warnings") or []
         if not isinstance(raw_warnings, list):

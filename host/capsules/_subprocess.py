@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,67 +36,171 @@ from ._transport import (
     LoadFailed,
     LoadReport,
     LoadRequest,
+    TransportFactory,
 )
 
-__all__ = ["SubprocessTransport", "start_process", "start_subprocess", "exit_reason"]
+__all__ = [
+    "SubprocessTransport",
+    "start_process",
+    "start_subprocess",
+    "subprocess_capsules",
+    "check_interpreter",
+    "exit_reason",
+]
 
 Spawn = Callable[[], Awaitable[tuple[anyio.abc.Process, int, int]]]
 """Starts the child: ``(process, host_write_fd, host_read_fd)``, as ``spawn_piped``."""
 ExitReason = Callable[[int | None, bytes], str]
 """Why a child ended, from its exit status (``None``: still running) and stderr's tail."""
 
-_CAPSULE_PARENT = str(Path(capsule.__file__).resolve().parent.parent)
+_CAPSULE_DIR = str(Path(capsule.__file__).resolve().parent)
+_CAPSULE_PARENT = str(Path(_CAPSULE_DIR).parent)
 _BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
+_BOOTSTRAP_ELSEWHERE = (
+    # Another interpreter (``[capsules] python``) gets the ``capsule`` package alone, not
+    # the folder it lives in (the host's site-packages, perhaps), so the project's own
+    # packages are the ones its tools import.
+    "import importlib.util as u, os, sys; d = {package!r}; "
+    "s = u.spec_from_file_location('capsule', os.path.join(d, '__init__.py'), "
+    "submodule_search_locations=[d]); m = u.module_from_spec(s); "
+    "sys.modules['capsule'] = m; s.loader.exec_module(m); "
+    "from capsule.__main__ import main; main()"
+)
+_PROBE_TIMEOUT = 30.0
 _CONSOLE_BURST = 1024 * 1024
 _EXIT_GRACE = 2.0
 """Seconds a call (or a load) failed by the end of the capsule's output waits for its exit
 status, to say why it died."""
 _CONSOLE_RATE = 256 * 1024  # bytes per second once the burst is spent
+_LINE_SLACK = 16 * 1024
+"""Bytes beyond the budget that may finish a line already being shown."""
 
 
 class _Bucket:
-    """A token bucket for console bytes; counts what it drops."""
+    """A token bucket for console bytes."""
 
     def __init__(self) -> None:
         self.tokens = float(_CONSOLE_BURST)
         self.stamp = time.monotonic()
-        self.dropped = 0
 
-    def take(self, size: int) -> bool:
+    def take(self, size: int, *, need: int = 0, force: bool = False) -> bool:
+        """Take ``size`` tokens if there are that many and at least ``need`` (``force``:
+        take them anyway, into debt, which later output pays back)."""
         now = time.monotonic()
         self.tokens = min(_CONSOLE_BURST, self.tokens + (now - self.stamp) * _CONSOLE_RATE)
         self.stamp = now
-        if self.tokens >= size:
+        if self.tokens >= max(size, need) or force:
             self.tokens -= size
             return True
-        self.dropped += size
         return False
+
+
+class _Stream:
+    """Where one console stream stands in its lines."""
+
+    __slots__ = ("open", "over", "skip")
+
+    def __init__(self) -> None:
+        self.open = False
+        """What was delivered last ends inside a line (no newline yet)."""
+        self.over = 0
+        """Bytes of that open line delivered beyond the budget, to finish it."""
+        self.skip = False
+        """The start of the current line was dropped: drop the rest of it too."""
 
 
 class _ConsoleGate(EventBus):
     """The event bus as one capsule's connection sees it: console output is rate-limited.
 
-    Every other event passes straight to the host's bus. Console events over the budget
-    are dropped and counted; a ``console_dropped`` event reports the count (at the first
-    drop, then after every further ``_CONSOLE_BURST`` bytes dropped).
+    Every other event passes straight to the host's bus. Console output over the budget is
+    dropped in whole lines, so what is shown is never a fragment of a line or the newline
+    of a dropped one: a line that was being shown is finished (up to ``_LINE_SLACK``
+    bytes beyond the budget; a longer one is ended there), and once dropping starts the
+    rest of the line is dropped too. Each run of dropped output is reported once, by a
+    ``console_dropped`` event with its size, when it ends: before the next output shown,
+    or when a call returns or the capsule exits (:meth:`flush`).
     """
 
     def __init__(self, events: EventBus) -> None:
         super().__init__(keep=1)
         self._events = events
         self._bucket = _Bucket()
-        self._reported = 0
+        self._streams = {"stdout": _Stream(), "stderr": _Stream()}
+        self._burst = 0
+        self._total = 0
+        self._session: str | None = None
 
     def emit(self, kind: str, session: str | None = None, **data: Any) -> Event:
-        if kind == "console":
-            text = data.get("data")
-            if not self._bucket.take(len(text) if isinstance(text, str) else 0):
-                dropped = self._bucket.dropped
-                if self._reported == 0 or dropped - self._reported >= _CONSOLE_BURST:
-                    self._reported = dropped
-                    return self._events.emit("console_dropped", session, dropped_bytes=dropped)
-                return Event("console_dropped", session, {"dropped_bytes": dropped})
-        return self._events.emit(kind, session, **data)
+        if kind != "console":
+            return self._events.emit(kind, session, **data)
+        self._session = session
+        stream = str(data.get("stream"))
+        text = data.get("data")
+        if not isinstance(text, str) or stream not in self._streams:
+            return self._events.emit(kind, session, **data)
+        return self._console(session, stream, text)
+
+    def _console(self, session: str | None, name: str, text: str) -> Event:
+        state = self._streams[name]
+        if state.skip:
+            cut = text.find("\n")
+            self._drop(len(text) if cut < 0 else cut + 1)
+            if cut < 0:
+                return self._dropped_event(session)
+            state.skip, text = False, text[cut + 1 :]
+            if not text:
+                return self._dropped_event(session)
+        # Once output is being dropped, showing resumes only with a second's worth of
+        # budget: a flood then shows blocks of whole lines between a few notes, not a
+        # note every other line.
+        if self._bucket.take(len(text), need=_CONSOLE_RATE if self._burst else 0):
+            self.flush()  # the output dropped before this is said where it was
+            return self._show(session, name, state, text)
+        shown = ""
+        if state.open:  # finish the line being shown rather than leave a fragment
+            cut = text.find("\n")
+            end = len(text) if cut < 0 else cut + 1
+            if state.over + end <= _LINE_SLACK:
+                shown, text = text[:end], text[end:]
+                state.over += end
+            else:
+                shown = "\n"  # too long to finish: end it here
+                state.skip = cut < 0
+                text = text[end:] if cut >= 0 else ""
+                self._drop(end)
+            self._bucket.take(len(shown), force=True)
+            state.open = not shown.endswith("\n")
+        if text:
+            self._drop(len(text))
+            state.skip = not text.endswith("\n")
+        if shown:
+            return self._show(session, name, state, shown)
+        return self._dropped_event(session)
+
+    def _show(self, session: str | None, name: str, state: _Stream, text: str) -> Event:
+        state.open = not text.endswith("\n")
+        if not state.open:
+            state.over = 0
+        return self._events.emit("console", session, stream=name, data=text)
+
+    def _drop(self, size: int) -> None:
+        self._burst += size
+        self._total += size
+
+    def _dropped_event(self, session: str | None) -> Event:
+        return Event("console_dropped", session, {"dropped_bytes": self._burst})
+
+    def flush(self) -> None:
+        """Report the output dropped since the last report, if any (once per run)."""
+        if self._burst:
+            burst, self._burst = self._burst, 0
+            self._events.emit(
+                "console_dropped",
+                self._session,
+                dropped_bytes=burst,
+                total_bytes=self._total,
+                budget=f"{_CONSOLE_BURST // 1024**2} MiB, then {_CONSOLE_RATE // 1024} KiB/s",
+            )
 
 
 def exit_reason(code: int | None, stderr_tail: bytes = b"") -> str:
@@ -119,7 +224,7 @@ class SubprocessTransport:
         self,
         process: anyio.abc.Process,
         connection: Connection,
-        gate: EventBus,
+        gate: _ConsoleGate,
         session: str | None,
         reason: ExitReason = exit_reason,
     ) -> None:
@@ -165,6 +270,8 @@ class SubprocessTransport:
                 reason=self._killed or self.exit_reason(),
                 may_have_executed=exc.may_have_executed,
             ) from None
+        finally:
+            self._gate.flush()  # output the call's tool dropped is said once it returns
 
     def _kill_tree(self) -> None:
         """Kill the capsule (its reaper) and every descendant, the worker's included."""
@@ -211,6 +318,7 @@ class SubprocessTransport:
         # Descendants that kept the pipes open must not keep the capsule half-alive, and
         # a worker whose reaper a tool killed must not live on with the orphans it adopted.
         self._kill_tree()
+        self._gate.flush()
         self._exited.set()
 
     async def run(
@@ -301,12 +409,75 @@ async def start_process(
 
 
 async def start_subprocess(
-    request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup
+    request: LoadRequest,
+    events: EventBus,
+    task_group: anyio.abc.TaskGroup,
+    *,
+    python: Path | None = None,
 ) -> SubprocessTransport:
-    """Start a ``python -m capsule`` child and load the tool files into it."""
-    command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+    """Start a ``python -m capsule`` child and load the tool files into it.
+
+    ``python`` runs it under another interpreter (``[capsules] python``; checked first
+    with :func:`check_interpreter`) with only the ``capsule`` package added to what it
+    can import, so the tools import what that environment has installed.
+    """
+    if python is None:
+        command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+    else:
+        command = [str(python), "-I", "-c", _BOOTSTRAP_ELSEWHERE.format(package=_CAPSULE_DIR)]
 
     async def spawn() -> tuple[anyio.abc.Process, int, int]:
         return await spawn_piped(command, cwd=request.cwd, env=request.env)
 
     return await start_process(request, events, task_group, spawn=spawn)
+
+
+def subprocess_capsules(python: Path | None) -> TransportFactory:
+    """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``)."""
+    if python is None:
+        return start_subprocess
+    return functools.partial(start_subprocess, python=python)
+
+
+_PROBE = (
+    "import sys, platform\n"
+    "print(platform.python_implementation(), *sys.version_info[:3])\n"
+    "import msgpack\n"
+    "print('msgpack', msgpack.version[0], msgpack.version[1])\n"
+)
+
+
+async def check_interpreter(python: Path, env: Mapping[str, str]) -> str:
+    """Check that ``python`` can run tool capsules: CPython 3.11 or later with ``msgpack``
+    importable. Returns what it is (``CPython 3.12.1``).
+
+    Raises:
+        ValueError: what is wrong, in one sentence that says what to install or change.
+    """
+    try:
+        with anyio.fail_after(_PROBE_TIMEOUT):
+            done = await anyio.run_process(
+                [str(python), "-I", "-c", _PROBE], env=dict(env), check=False
+            )
+    except TimeoutError:
+        raise ValueError(
+            f"{python} did not answer within {_PROBE_TIMEOUT:g} s: is it a Python interpreter?"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{python} cannot be run: {exc.strerror or exc}") from None
+    lines = done.stdout.decode("utf-8", "replace").split()
+    try:
+        kind, major, minor, micro = lines[0], int(lines[1]), int(lines[2]), int(lines[3])
+    except (IndexError, ValueError):
+        raise ValueError(
+            f"{python} is not a Python interpreter toolhost can use: it needs CPython 3.11 or later"
+        ) from None
+    what = f"{kind} {major}.{minor}.{micro}"
+    if kind != "CPython" or (major, minor) < (3, 11):
+        raise ValueError(f"{python} is {what}: tool capsules need CPython 3.11 or later")
+    if done.returncode != 0 or "msgpack" not in lines:
+        raise ValueError(
+            f"{python} ({what}) cannot import msgpack, which the capsule needs: install it "
+            f"there ({python} -m pip install 'msgpack>=1.1,<1.3')"
+        )
+    return what

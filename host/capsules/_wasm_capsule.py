@@ -27,7 +27,12 @@ from host._events import EventBus
 from host.settings import CapsulesConfig, DataFolder
 
 from . import _forkserver, _wasm, _wasm_cache
-from ._subprocess import SubprocessTransport, exit_reason, start_process, start_subprocess
+from ._subprocess import (
+    SubprocessTransport,
+    exit_reason,
+    start_process,
+    subprocess_capsules,
+)
 from ._transport import LoadFailed, LoadReport, LoadRequest, Transport, TransportFactory
 
 __all__ = [
@@ -249,16 +254,18 @@ def mixed_factory(
 
 def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
-    subprocess capsules, plus a Wasm capsule for the files it names."""
+    subprocess capsules (under ``[capsules] python``, if set), plus a Wasm capsule for the
+    files it names."""
+    native = subprocess_capsules(capsules.interpreter(root))
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(
             capsules.wasm,
             default=capsules.default,
-            fallback=start_subprocess,
+            fallback=native,
             data=capsules.data,
             root=root,
         )
-    return start_subprocess
+    return native
 
 
 def _size(size: int) -> str:
@@ -274,6 +281,9 @@ def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str
     kind = "wasm" if capsules.default == "wasm" or file in capsules.wasm else "subprocess"
     text = f"capsule: {kind}"
     data: dict[str, Any] = {"kind": kind, "data": None}
+    if kind == "subprocess" and capsules.python is not None:
+        data["python"] = capsules.python
+        text += f" under {capsules.python}"
     folder = capsules.data
     if folder is not None:
         mode = "writable" if folder.writable else "read-only"

@@ -6,6 +6,7 @@ the audit read them too, so they live below both: a capsule never imports the po
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal, cast
 
@@ -185,6 +186,39 @@ class CapsulesConfig(_Model):
     code: Literal["wasm", "subprocess"] = "wasm"
     data: Annotated[DataFolder | None, BeforeValidator(_data_shorthand)] = None
     """A project folder the tool capsules may use: a Wasm capsule sees it at ``/data``."""
+    python: str | None = Field(default=None, min_length=1)
+    """The interpreter subprocess tool capsules run under (say, the project's own virtual
+    environment's ``.venv/bin/python``, relative to the project), so tools import what is
+    installed there; by default, the host's own. It must be CPython 3.11 or later with
+    ``msgpack`` installed: the host checks that when it starts."""
+
+    def interpreter(self, root: Path) -> Path | None:
+        """``python`` as a path: relative to the project folder ``root``; links are kept
+        (a virtual environment's interpreter is a link that must be run as itself)."""
+        return None if self.python is None else _interpreter(self.python, root)
+
+    @field_validator("python")
+    @classmethod
+    def _check_python(cls, value: str | None, info: ValidationInfo) -> str | None:
+        context = cast("dict[str, object]", info.context or {})
+        root = context.get("root")
+        if value is None or not isinstance(root, Path):
+            return value
+        path = _interpreter(value, root)
+        if not path.exists():
+            raise ValueError(
+                f"{value!r} does not exist (looked for {path}): name the interpreter of the "
+                "environment your tools' dependencies are installed in, such as "
+                "'.venv/bin/python'"
+            )
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise ValueError(f"{value!r} ({path}) is not an executable file")
+        return value
+
+
+def _interpreter(value: str, root: Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
 
 
 class AuditConfig(_Model):
