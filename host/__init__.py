@@ -44,8 +44,10 @@ from .policy import Decision as Decision
 from .policy import DenyAll as DenyAll
 from .policy import Policy as Policy
 from .policy import PolicyConfig as PolicyConfig
+from .policy import PolicyWarning as PolicyWarning
 from .policy import TerminalApprover as TerminalApprover
 from .policy import decide as decide
+from .policy import lint_policy as lint_policy
 from .policy import load_policy as load_policy
 from .settings import Limits as Limits
 
@@ -69,6 +71,8 @@ __all__ = (
     "Policy",
     "Decision",
     "decide",
+    "lint_policy",
+    "PolicyWarning",
     "Approval",
     "ApprovalRequest",
     "Approver",

@@ -27,6 +27,7 @@ from .capsules import (
     CodeSandbox,
     Supervisor,
     TransportFactory,
+    check_interpreter,
     minimal_env,
     tool_capsules,
 )
@@ -40,7 +41,16 @@ from .declare import (
     resolve_project,
 )
 from .errors import HostError, PolicyFileError
-from .policy import Approver, Policy, PolicyConfig, PolicySource, default_approver, load_policy
+from .policy import (
+    Approver,
+    Policy,
+    PolicyConfig,
+    PolicySource,
+    default_approver,
+    lint_policy,
+    load_policy,
+    missing_policy,
+)
 from .settings import Limits
 
 __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
@@ -52,18 +62,31 @@ def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group.exceptions[0] if len(group.exceptions) == 1 else group
 
 
+CallAs = Callable[[Caller, str, tuple[Any, ...], Mapping[str, Any]], Coroutine[Any, Any, Any]]
+"""``Session.call_as``, or a function that wraps it."""
+
+
+async def _check_python(python: Path, config: PolicyConfig) -> None:
+    """Refuse to start on a ``[capsules] python`` that cannot run tool capsules."""
+    try:
+        await check_interpreter(python, minimal_env({}))
+    except ValueError as exc:
+        where = next((name for name, f in config.files if f.capsules is not None), "policy")
+        raise PolicyFileError(str(exc), file=where, field="capsules.python") from None
+
+
 class ToolProxy:
     """One tool as a callable: calling it returns an awaitable of the tool's value."""
 
-    __slots__ = ("_caller", "_name", "_session")
+    __slots__ = ("_call", "_caller", "_name")
 
-    def __init__(self, session: Session, name: str, caller: Caller) -> None:
-        self._session: Session = session
+    def __init__(self, call: CallAs, name: str, caller: Caller) -> None:
+        self._call: CallAs = call
         self._name: str = name
         self._caller: Caller = caller
 
     def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
-        return self._session.call_as(self._caller, self._name, args, kwargs)
+        return self._call(self._caller, self._name, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<tool {self._name}>"
@@ -89,11 +112,11 @@ class Namespace:
         return f"<{self._label}: {', '.join(sorted(self._entries))}>"
 
 
-def _tree(session: Session, tools: Mapping[str, ToolSpec], caller: Caller) -> Namespace:
+def _tree(call: CallAs, tools: Mapping[str, ToolSpec], caller: Caller) -> Namespace:
     files: dict[str, dict[str, ToolProxy | dict[str, ToolProxy]]] = {}
     for spec in tools.values():
         entries = files.setdefault(spec.file, {})
-        proxy = ToolProxy(session, spec.name, caller)
+        proxy = ToolProxy(call, spec.name, caller)
         if spec.member is None:
             entries[spec.export] = proxy
         else:
@@ -124,7 +147,7 @@ class Session:
         self._host = host
         self.id = session_id
         self.supervisor = supervisor
-        self.tools = _tree(self, host.discovery.tools, "app")
+        self.tools = _tree(self.call_as, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
             kind=host.config.capsules.code,
@@ -162,9 +185,12 @@ class Session:
         """Start the code sandbox afresh: the next run has no variables or imports."""
         await self.code.reset()
 
-    def globals_for(self, caller: Caller) -> dict[str, Any]:
-        """The globals a script or agent code sees: ``tools`` and every installed export."""
-        tree = _tree(self, self._host.discovery.tools, caller)
+    def globals_for(self, caller: Caller, *, call: CallAs | None = None) -> dict[str, Any]:
+        """The globals a script or agent code sees: ``tools`` and every installed export.
+
+        ``call`` replaces :meth:`call_as` for them (to record the calls, say).
+        """
+        tree = _tree(call or self.call_as, self._host.discovery.tools, caller)
         scope: dict[str, Any] = {"tools": tree}
         for spec in self._host.discovery.tools.values():
             if spec.installed:
@@ -266,6 +292,9 @@ class Host:
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
         )
+        python = config.capsules.interpreter(resolved.root)
+        if python is not None and capsule is None:
+            await _check_python(python, config)
         if limits is not None:
             merged = config.limits.model_dump() | (
                 limits.model_dump(exclude_unset=True)
@@ -289,6 +318,7 @@ class Host:
                     watch_policy=policy is None,
                     scope=scope,
                 )
+                host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:
                     host._default = await host._open_session()
@@ -315,6 +345,23 @@ class Host:
             self.events.emit("policy_reload_failed", None, error=str(change))
         else:
             self.events.emit("policy_reloaded", None, policy_version=change.version)
+            self._check_policy(change.config, from_files=True)
+
+    def _check_policy(self, config: PolicyConfig, *, from_files: bool) -> None:
+        """Say what a policy silently gets wrong: no file at all, or rules that match
+        nothing (``policy_missing`` and ``policy_warning`` events; the CLI prints them)."""
+        root = self.project.root
+        if from_files and not config.files:
+            defaults = config.defaults
+            self.events.emit(
+                "policy_missing",
+                None,
+                project=str(root),
+                defaults={c: getattr(defaults, c) for c in ("agent", "tool", "script", "app")},
+                message=missing_policy(root, defaults),
+            )
+        for warning in lint_policy(config, self.discovery.tools, root=root):
+            self.events.emit("policy_warning", None, **warning.to_data())
 
     def _env(self) -> dict[str, str]:
         env_config = self.config.env

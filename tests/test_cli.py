@@ -182,12 +182,75 @@ def _tools(folder: Path, value: str) -> None:
     )
 
 
-def test_the_default_project_is_src_tools_first(tmp_path: Path) -> None:
+_NOTES = """
+def add_note(text: str) -> int:
+    return 1
+
+
+def wipe_notes() -> str:
+    return "wiped"
+"""
+_DENY_WIPE = """
+version = 1
+
+[[rules]]
+id = "no-wipe"
+tools = ["wipe_notes"]
+decision = "deny"
+"""
+
+
+def _src_layout(root: Path) -> Path:
+    """A project as a new user writes it: ``src/tools/`` and ``policy.toml`` beside ``src``."""
+    (root / "src" / "tools").mkdir(parents=True)
+    (root / "src" / "tools" / "notes.py").write_text(_NOTES, encoding="utf-8")
+    (root / "policy.toml").write_text(_DENY_WIPE, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("project", [None, ".", "src"])
+def test_a_src_tools_layout_is_one_project_with_the_policy_beside_src(
+    tmp_path: Path, project: str | None
+) -> None:
+    root = _src_layout(tmp_path)
+    where = [] if project is None else ["--project", project]
+    done = toolhost("call", "wipe_notes", "--json", *where, cwd=root)
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert (error["kind"], error["rule"]) == ("policy_denied", "no-wipe")
+    assert (root / ".agent" / "state.db").exists()
+    assert not (root / "src" / ".agent").exists(), "a second state folder under src/"
+    assert "bundled" not in done.stderr
+
+
+def test_a_policy_inside_src_is_refused_naming_the_project_folder(tmp_path: Path) -> None:
+    root = _src_layout(tmp_path)
+    (root / "policy.toml").rename(root / "src" / "policy.toml")
+    done = toolhost("call", "wipe_notes", "--json", "--project", "src", cwd=root)
+    assert done.returncode == 1
+    error = json.loads(done.stdout)["error"]
+    assert error["kind"] == "declaration_error"
+    assert f"move it to {root}" in error["message"] and "policy.toml" in error["message"]
+
+
+def test_both_tools_folders_are_refused(tmp_path: Path) -> None:
     _tools(tmp_path / "src" / "tools", "src/tools")
     _tools(tmp_path / "tools", "tools")
     done = toolhost("call", "where", "--json", cwd=tmp_path)
-    assert json.loads(done.stdout) == {"ok": True, "value": "src/tools"}
-    assert "bundled" not in done.stderr
+    assert done.returncode == 1
+    message = json.loads(done.stdout)["error"]["message"]
+    assert "both tools/ and src/tools/" in message
+
+
+def test_a_project_without_a_policy_file_says_what_is_in_force(tmp_path: Path) -> None:
+    _tools(tmp_path / "tools", "tools")
+    done = toolhost("call", "where", "--json", cwd=tmp_path)
+    assert json.loads(done.stdout) == {"ok": True, "value": "tools"}
+    assert done.stderr.count("no policy.toml") == 1, done.stderr
+    assert "agent deny, tool deny, script allow, app allow" in done.stderr
+    done = toolhost("policy", "check", "where", cwd=tmp_path)
+    assert done.returncode == 0 and "allow (rule defaults.app)" in done.stdout
+    assert "no policy.toml" in done.stderr
 
 
 def test_the_default_project_is_then_tools(tmp_path: Path) -> None:
@@ -273,3 +336,170 @@ def test_run_a_missing_or_broken_script_is_exit_2(tmp_path: Path) -> None:
     script = _script(tmp_path, "print(\n")
     done = toolhost("run", str(script), "--project", str(PROJECT))
     assert done.returncode == 2 and "syntax error" in done.stderr
+
+
+def test_asyncio_is_a_global_of_a_script(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print(await asyncio.gather(echo(1), echo(2)))\n")
+    done = toolhost("run", str(script), "--project", str(PROJECT))
+    assert (done.returncode, done.stdout) == (0, "[1, 2]\n"), done.stderr
+
+
+def test_an_uncaught_tool_error_shows_the_tools_lines_not_the_hosts(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print('before')\nawait fail('uncaught')\n")
+    done = toolhost("run", str(script), "--project", str(PROJECT))
+    assert done.returncode == 1 and done.stdout == "before\n"
+    things = PROJECT / "tools" / "things.py"
+    assert done.stderr.endswith(
+        "Traceback (most recent call last):\n"
+        f'  File "{things}", line 23, in fail\n'
+        "    raise ValueError(message)\n"
+        "ValueError: uncaught\n"
+        "\n"
+        "The above exception was raised by the tool fail in its capsule, and reached the "
+        "script as:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 2, in <module>\n'
+        "    await fail('uncaught')\n"
+        "ToolError: fail raised ValueError: uncaught\n"
+    ), done.stderr
+    assert "host/" not in done.stderr and "anyio" not in done.stderr
+
+
+def test_a_script_error_shows_only_the_scripts_frames(tmp_path: Path) -> None:
+    script = _script(tmp_path, "def f():\n    return 1 / 0\n\nf()\n")
+    done = toolhost("run", str(script), "--project", str(PROJECT))
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    assert [line for line in lines[start:] if line.startswith("  File")] == [
+        f'  File "{script}", line 4, in <module>',
+        f'  File "{script}", line 2, in f',
+    ]
+    assert lines[-1] == "ZeroDivisionError: division by zero"
+
+
+def test_run_json_is_one_object_shaped_like_exec(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        print("hello")
+        await echo(1)
+        try:
+            await no_such_tool()
+        except NameError:
+            pass
+        await greet("Ann")
+        {"sum": await echo(2) + 1}
+        """,
+    )
+    done = toolhost("run", str(script), "--json", "--project", str(PROJECT))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "ok": True,
+        "value": {"sum": 3},
+        "stdout": "hello\n",
+        "calls": [
+            {"tool": "echo", "decision": "allow", "ok": True},
+            {"tool": "greet", "decision": "allow", "ok": True},
+            {"tool": "echo", "decision": "allow", "ok": True},
+        ],
+        "error": None,
+        "warnings": [],
+    }
+
+
+def test_run_json_of_a_failing_script(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print('before')\nawait fail('uncaught')\n")
+    done = toolhost("run", str(script), "--json", "--project", str(PROJECT))
+    assert done.returncode == 1
+    data = json.loads(done.stdout)
+    assert (data["ok"], data["value"], data["stdout"]) == (False, None, "before\n")
+    assert data["calls"] == [
+        {"tool": "fail", "decision": "allow", "ok": False, "error": "tool_error"}
+    ]
+    error = data["error"]
+    assert (error["kind"], error["type"]) == ("tool_error", "ToolError")
+    assert error["message"] == "fail raised ValueError: uncaught"
+    assert "raise ValueError(message)" in error["traceback"]
+    script = _script(tmp_path, "import sys\nsys.exit(3)\n")
+    done = toolhost("run", str(script), "--json", "--project", str(PROJECT))
+    assert done.returncode == 3
+    assert json.loads(done.stdout)["error"]["kind"] == "exit"
+
+
+# -- --version and --args-file -------------------------------------------------------------
+
+
+def test_version() -> None:
+    done = toolhost("--version")
+    assert done.returncode == 0
+    assert done.stdout.startswith("toolhost 0.1.0 (Python 3.")
+
+
+@pytest.mark.parametrize(
+    ("content", "value"),
+    [('["Ann"]', "hello Ann!"), ('{"name": "Bo", "punct": "?"}', "hello Bo?")],
+)
+def test_call_arguments_from_a_file(tmp_path: Path, content: str, value: str) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(content, encoding="utf-8")
+    assert call_json("greet", "--args-file", str(path)) == (0, {"ok": True, "value": value})
+
+
+def test_call_arguments_from_stdin_too_large_for_a_command_line() -> None:
+    big = "x" * 3_000_000  # over the kernel's limit for one argument (128 KiB)
+    done = subprocess.run(
+        [*TOOLHOST, "call", "echo", "--args-file", "-", "--json", "--project", str(PROJECT)],
+        input=json.dumps([big]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True, "value": big}
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "says"),
+    [
+        ("3", [], "give a JSON list (positional arguments) or an object"),
+        ("[1,", [], "not JSON"),
+        ("[1]", ["2"], "leave out ARG and --kw"),
+    ],
+)
+def test_a_bad_args_file_is_exit_2(
+    tmp_path: Path, content: str, extra: list[str], says: str
+) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(content, encoding="utf-8")
+    done = toolhost("call", "echo", *extra, "--args-file", str(path), "--project", str(PROJECT))
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+# -- tool output on the command line -------------------------------------------------------
+
+
+def test_a_flood_prints_whole_lines_and_a_note_for_what_was_dropped() -> None:
+    lab = HERE / "lab"
+    done = toolhost("call", "flood_lines", "40000", "--project", str(lab))
+    assert (done.returncode, done.stdout) == (0, "40000\n"), done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    notes = [line for line in lines if line.startswith("toolhost: ")]
+    odd = [
+        line
+        for line in lines
+        if not line.startswith("toolhost: ")
+        and not (len(line) == 80 and line[:4] in ("out ", "err ") and line[4:13].isdigit())
+    ]
+    assert odd == [], odd[:3]
+    dropped = [n for n in notes if "of tool output dropped here" in n]
+    assert dropped and all("over the capsule's console budget of 1 MiB" in n for n in dropped)
+
+
+def test_output_without_a_newline_is_shown_and_ended() -> None:
+    lab = HERE / "lab"
+    done = toolhost("call", "partial", "--project", str(lab))
+    assert (done.returncode, done.stdout) == (0, "partial\n")
+    lines = done.stderr.splitlines()
+    assert "no newline on stdout" in lines and "no newline on stderr" in lines

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,25 @@ def test_exec_usage_errors(proj: Path) -> None:
     assert toolhost("exec", "-c", "1", "file.py", cwd=proj).returncode == 2
     missing = toolhost("exec", "nope.py", cwd=proj)
     assert missing.returncode == 2 and "cannot read nope.py" in missing.stderr
+
+
+def test_a_limit_is_said_once_with_what_was_exceeded(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    limits = '\n[limits]\ncode_memory = "64MiB"\ncode_max_output = "1KiB"\n'
+    proj = make_project(tools=TOOLS, policy=textwrap.dedent(POLICY) + limits)
+    done = toolhost("exec", "-c", "print('x' * 5000)", cwd=proj)
+    assert done.returncode == 1
+    assert done.stdout.endswith("\n"), "what follows captured output starts a line"
+    assert done.stderr.count("limit code_max_output exceeded") == 1, done.stderr
+    assert "printed more than 1024 characters" in done.stderr
+    done = toolhost("exec", "-c", "keep = 1\nblob = bytearray(512 * 1024 * 1024)", cwd=proj)
+    assert done.returncode == 1
+    assert done.stderr.count("limit code_memory exceeded") == 1, done.stderr
+    assert (
+        "toolhost: limit code_memory exceeded: the code needed more memory than code_memory "
+        "allows (64 MiB; raise [limits] code_memory to allow more); the sandbox was "
+        "restarted: variables and imports of earlier runs were lost\n"
+    ) in done.stderr
+    assert 'File "<run 1>", line 2' in done.stderr  # where, in the agent's own code

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from host._events import Event
+from host._host import Host
 from host.declare import default_project
 
 __all__ = [
@@ -23,8 +25,12 @@ __all__ = [
     "dumps",
     "argument",
     "keywords",
+    "call_arguments",
+    "add_call_arguments",
     "project_dir",
     "print_events",
+    "note",
+    "open_host",
 ]
 
 
@@ -67,6 +73,45 @@ def keywords(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def call_arguments(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    """A call's positional and keyword arguments: ``ARG ...`` and ``--kw K=V``, or
+    ``--args-file F`` (a JSON list of positional arguments or an object of keyword
+    arguments; ``-`` reads stdin) for arguments too large for a command line."""
+    file: str | None = getattr(args, "args_file", None)
+    if file is None:
+        return [argument(a) for a in args.args], keywords(args.kw or [])
+    if args.args or args.kw:
+        raise UsageError("--args-file gives all the arguments: leave out ARG and --kw")
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--args-file {file}: cannot read it: {exc}") from exc
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--args-file {file}: not JSON: {exc}") from exc
+    if isinstance(value, list):
+        return cast("list[Any]", value), {}
+    if isinstance(value, dict):
+        named = cast("dict[str, Any]", value)
+        return [], named
+    raise UsageError(
+        f"--args-file {file}: give a JSON list (positional arguments) or an object "
+        f"(keyword arguments), not {type(value).__name__}"
+    )
+
+
+def add_call_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ARG ...``, ``--kw K=V`` and ``--args-file F`` (see :func:`call_arguments`)."""
+    parser.add_argument("args", nargs="*", metavar="ARG", help="JSON if it parses, else a string")
+    parser.add_argument("--kw", action="append", metavar="K=V", help="a keyword argument")
+    parser.add_argument(
+        "--args-file",
+        metavar="F",
+        help="the arguments as JSON: a list (positional) or an object (keywords); '-': stdin",
+    )
+
+
 def project_dir(args: argparse.Namespace) -> Path:
     """The project a command runs on: ``--project``, or the default (said on stderr)."""
     if args.project is not None:
@@ -82,14 +127,109 @@ def project_dir(args: argparse.Namespace) -> Path:
     return path
 
 
-def print_events(event: Event) -> None:
-    if event.kind == "console":
-        sys.stderr.write(str(event.data.get("data", "")))
+class _Console:
+    """Tool output on the command line's stderr, both streams of it, in whole lines.
+
+    The capsule's stdout and stderr arrive in chunks that may end inside a line; written
+    as they come, two streams would cut each other's lines. A stream's text is written as
+    it comes while no other stream has a line open on the terminal; else it waits until
+    that line ends (or too much waits: then the open line is ended where it is).
+    """
+
+    open: str | None = None
+    """The stream whose line is open on the terminal (its text ended without a newline)."""
+    waiting: dict[str, str] = {}  # noqa: RUF012 - one terminal per process
+    _LIMIT = 1 << 16
+
+    @classmethod
+    def write(cls, stream: str, text: str) -> None:
+        if cls.open is not None and cls.open != stream:
+            pending = cls.waiting.get(stream, "") + text
+            if len(pending) <= cls._LIMIT:
+                cls.waiting[stream] = pending
+                return
+            cls.end_line()  # too much waits behind a line that does not end
+            cls.waiting.pop(stream, None)
+            text = pending
+        cls._out(stream, text)
+        if cls.open is None:
+            for other in list(cls.waiting):
+                if cls.open is not None:
+                    break
+                cls._out(other, cls.waiting.pop(other))
         sys.stderr.flush()
+
+    @classmethod
+    def _out(cls, stream: str, text: str) -> None:
+        sys.stderr.write(text)
+        cls.open = None if text.endswith("\n") else stream
+
+    @classmethod
+    def end_line(cls) -> None:
+        """Before a line of the command line's own: end a tool's open line."""
+        if cls.open is not None:
+            sys.stderr.write("\n")
+            cls.open = None
+
+    @classmethod
+    def finish(cls) -> None:
+        """At the end: what still waits, then a newline after a last open line."""
+        for stream in list(cls.waiting):
+            cls.end_line()
+            cls._out(stream, cls.waiting.pop(stream))
+        cls.end_line()
+        sys.stderr.flush()
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= 10 * scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def note(text: str) -> None:
+    """A line of the command line's own on stderr, never glued to a tool's open line."""
+    _Console.end_line()
+    print(f"toolhost: {text}", file=sys.stderr)
+
+
+def print_events(event: Event) -> None:
+    """Show an event on stderr: capsule output as it is, the rest as ``toolhost:`` lines."""
+    data = event.data
+    if event.kind == "console":
+        text = str(data.get("data", ""))
+        if text:
+            _Console.write(str(data.get("stream")), text)
+    elif event.kind == "console_dropped":
+        note(
+            f"{_size(int(data.get('dropped_bytes', 0)))} of tool output dropped here "
+            f"(over the capsule's console budget of {data.get('budget', '?')})"
+        )
     elif event.kind in ("tool_file_failed", "capsule_crashed", "capsule_unavailable"):
-        detail = event.data.get("reason", "")
-        name = event.data.get("file")
+        detail = data.get("reason", "")
+        name = data.get("file")
         where = f" {name}.py" if name else ""
-        print(f"toolhost: {event.kind.replace('_', ' ')}{where}: {detail}", file=sys.stderr)
-    elif event.kind == "capsule_started" and event.data.get("restart"):
-        print(f"toolhost: {event.data.get('message')}", file=sys.stderr)
+        note(f"{event.kind.replace('_', ' ')}{where}: {detail}")
+    elif (
+        event.kind == "capsule_started" and data.get("restart")
+    ) or event.kind == "policy_missing":
+        note(str(data.get("message")))
+    elif event.kind == "policy_warning":
+        note(f"policy warning: {data.get('text')}")
+    elif event.kind == "policy_reload_failed":
+        note(f"the policy did not reload: {data.get('error')}")
+
+
+@contextlib.asynccontextmanager
+async def open_host(project: Path) -> AsyncGenerator[Host]:
+    """``Host.open(project)``, its events printed on stderr: those of its start (a tool
+    file that failed, a policy warning), every new one, and those of its close."""
+    try:
+        async with Host.open(project) as host:
+            for event in list(host.events.recent):
+                print_events(event)
+            host.on("*", print_events)
+            yield host
+    finally:
+        _Console.finish()

@@ -17,10 +17,9 @@ from typing import Any
 
 import anyio
 
-from host._host import Host
 from host.capsules import CodeResult
 
-from ._common import Subparsers, UsageError, dumps, print_events, project_dir
+from ._common import Subparsers, UsageError, dumps, open_host, project_dir
 
 __all__ = ["EXEC_COMMANDS", "result_data"]
 
@@ -58,13 +57,14 @@ async def _source(args: argparse.Namespace) -> str:
 async def _exec(args: argparse.Namespace) -> int:
     source = await _source(args)
     project: Path = project_dir(args)
-    async with Host.open(project) as host:
-        host.on("*", print_events)
+    async with open_host(project) as host:
         result = await host.run_code(source)
     if args.json:
         print(dumps(result_data(result)))
         return 0 if result.ok else 1
     sys.stdout.write(result.stdout)
+    if result.stdout and not result.stdout.endswith("\n"):
+        sys.stdout.write("\n")  # what follows starts a line of its own
     if result.ok and result.value is not None:
         value = result.value
         print(value if isinstance(value, str) else dumps(value, pretty=True))
@@ -72,9 +72,16 @@ async def _exec(args: argparse.Namespace) -> int:
         print(f"toolhost: warning: {warning}", file=sys.stderr)
     if result.error is not None:
         error = result.error
-        print(error.traceback or f"{error.type}: {error.message}", end="", file=sys.stderr)
-        if error.kind == "limit_exceeded" or not error.traceback:
-            print(f"\ntoolhost: {error.message}", file=sys.stderr)
+        if error.kind == "limit_exceeded":
+            # The message says which limit and by how much, once; the agent's own
+            # traceback (where the code was) comes first when there is one.
+            if error.traceback:
+                print(error.traceback, end="", file=sys.stderr)
+            print(f"toolhost: {error.message}", file=sys.stderr)
+        elif error.traceback:
+            print(error.traceback, end="", file=sys.stderr)
+        else:
+            print(f"{error.type}: {error.message}", file=sys.stderr)
     sys.stdout.flush()
     return 0 if result.ok else 1
 

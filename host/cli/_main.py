@@ -11,6 +11,8 @@ of sub-commands and runs the one asked for.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import platform
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
@@ -38,6 +40,14 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
 """Each adds one sub-command, in the order ``toolhost --help`` lists them."""
 
 
+def _version() -> str:
+    try:
+        version = importlib.metadata.version("toolhost")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        version = "(not installed)"
+    return f"toolhost {version} (Python {platform.python_version()}, {sys.executable})"
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--project", metavar="DIR", help="the project folder (default: see README)")
@@ -45,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolhost", description="A sandboxed capsule tool host for LLM agents."
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub, common)

@@ -24,9 +24,16 @@ from host.audit import SQLiteStore, StoreUnavailable
 from host.capsules import capsule_of
 from host.declare import Project, discover, load_or_build_scope, resolve_project
 from host.errors import HostError
-from host.policy import DenyAll, PolicySource, load_policy
+from host.policy import (
+    DenyAll,
+    PolicyConfig,
+    PolicySource,
+    lint_policy,
+    load_policy,
+    missing_policy,
+)
 
-from ._common import Subparsers, argument, dumps, keywords, project_dir
+from ._common import Subparsers, add_call_arguments, call_arguments, dumps, note, project_dir
 
 __all__ = ["POLICY_COMMANDS"]
 
@@ -56,14 +63,21 @@ async def _open_store(project: Project) -> SQLiteStore:
     return store
 
 
+def _load(project: Project) -> PolicyConfig:
+    """The project's policy; a project with none says so on stderr."""
+    config = load_policy(project.policy_files, root=project.root)
+    if not config.files:
+        note(missing_policy(project.root, config.defaults))
+    return config
+
+
 # -- policy check --------------------------------------------------------------------------
 
 
 async def _check(args: argparse.Namespace) -> int:
-    positional = [argument(a) for a in args.args]
-    named = keywords(args.kw or [])
+    positional, named = call_arguments(args)
     project = _resolve(args)
-    config = load_policy(project.policy_files, root=project.root)
+    config = _load(project)
     source = PolicySource(config)
     discovery = discover(project.tools_dir)
     scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
@@ -91,6 +105,33 @@ async def _check(args: argparse.Namespace) -> int:
     lines.append(capsule_line)
     _print(args, data, "\n".join(lines))
     return 0
+
+
+# -- policy lint ---------------------------------------------------------------------------
+
+
+async def _lint(args: argparse.Namespace) -> int:
+    project = _resolve(args)
+    config = _load(project)
+    discovery = discover(project.tools_dir)  # names and parameters: no pyright needed
+    warnings = lint_policy(config, discovery.tools, root=project.root)
+    files = ", ".join(name for name, _ in config.files) or "no policy file"
+    if args.json:
+        data = {
+            "ok": not warnings,
+            "files": [name for name, _ in config.files],
+            "policy_version": config.version,
+            "warnings": [w.to_data() for w in warnings],
+        }
+        print(dumps(data))
+    elif warnings:
+        for warning in warnings:
+            print(warning)
+        count = len(warnings)
+        print(f"{count} policy warning{'s' if count > 1 else ''} ({files})")
+    else:
+        print(f"no policy warnings ({files})")
+    return 1 if warnings else 0
 
 
 # -- policy grants -------------------------------------------------------------------------
@@ -155,10 +196,18 @@ def _add_policy(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "check", parents=[common], help="the decision for a call and its rule, without running"
     )
     check.add_argument("name", help="the tool name, e.g. add or kanban.close")
-    check.add_argument("args", nargs="*", metavar="ARG", help="JSON if it parses, else a string")
-    check.add_argument("--kw", action="append", metavar="K=V", help="a keyword argument")
+    add_call_arguments(check)
     check.add_argument("--caller", choices=_CALLERS, default="app", help="who calls (app)")
     check.set_defaults(handler=_check)
+    lint = actions.add_parser(
+        "lint",
+        parents=[common],
+        help="policy mistakes that silently change nothing; exit status 1 if any",
+        description="Check the policy files against the tools: globs that match no tool, "
+        "conditions on parameters the tools do not have, regexes anchored at one end. "
+        "Exit status 1 if there is any warning, so CI can gate on it.",
+    )
+    lint.set_defaults(handler=_lint)
     grants = actions.add_parser("grants", parents=[common], help="remembered 'always' answers")
     grants.add_argument("--revoke", type=int, metavar="ID", help="revoke the grant ID")
     grants.set_defaults(handler=_grants)
