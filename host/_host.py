@@ -424,7 +424,7 @@ class Host:
         files = [f.module for f in discovery.files if not f.private]
         sessions = list(self._sessions)
         for session in sessions:
-            session.tools = _tree(session, discovery.tools, "app")
+            session.tools = _tree(session.call_as, discovery.tools, "app")
             await session.supervisor.retool(discovery, files, discovery.tools)
             await session.code.retool(discovery.tools)
             self.events.emit(
@@ -440,6 +440,7 @@ class Host:
                 await session.supervisor.ensure()
             except Exception as exc:  # the capsule cannot start: calls will say why
                 self.events.emit("capsule_unavailable", session.id, reason=str(exc))
+        self._check_policy(self.policy.policy.config, from_files=False)  # new tool names
         return True
 
     @property

@@ -277,3 +277,23 @@ def test_a_call_on_the_command_line_prints_the_warnings_once(
 def test_the_ci_check_lints_the_example_project() -> None:
     ci = (AGENT_SRC.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "toolhost policy lint --project agent_src" in ci
+
+
+@pytest.mark.anyio
+async def test_the_policy_is_checked_again_when_the_tools_change(
+    make_project: Callable[..., Path],
+) -> None:
+    root = make_project(
+        {**TOOLS, "extra": "def export_notes() -> int:\n    return 1\n"},
+        policy='version = 1\n[[rules]]\ntools = ["export_notes"]\ndecision = "deny"\n',
+    )
+    async with Host.open(root, capsule=in_process()) as host:
+        assert [e for e in host.events.recent if e.kind == "policy_warning"] == []
+        later: list[Event] = []
+        host.on("policy_warning", later.append)
+        (root / "tools" / "extra.py").unlink()
+        assert await host.reload_tools()
+        assert [e.data["message"] for e in later] == [
+            "'export_notes' matches no tool, so this rule never applies; did you mean "
+            "'wipe_notes'?"
+        ]

@@ -222,11 +222,11 @@ def print_events(event: Event) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_host(project: Path) -> AsyncGenerator[Host]:
-    """``Host.open(project)``, its events printed on stderr: those of its start (a tool
-    file that failed, a policy warning), every new one, and those of its close."""
+async def open_host(project: Path, **options: Any) -> AsyncGenerator[Host]:
+    """``Host.open(project, **options)``, its events printed on stderr: those of its start
+    (a tool file that failed, a policy warning), every new one, and those of its close."""
     try:
-        async with Host.open(project) as host:
+        async with Host.open(project, **options) as host:
             for event in list(host.events.recent):
                 print_events(event)
             host.on("*", print_events)

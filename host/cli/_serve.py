@@ -14,10 +14,9 @@ import argparse
 import ipaddress
 import sys
 
-from host._host import Host
 from host.policy import DenyAll
 
-from ._common import Subparsers, UsageError, print_events, project_dir
+from ._common import Subparsers, UsageError, open_host, project_dir
 
 __all__ = ["SERVE_COMMANDS"]
 
@@ -46,10 +45,11 @@ async def _serve(args: argparse.Namespace) -> int:
             "the MCP client cannot be asked (it does not support elicitation, or the rule "
             "excludes it) and no other approver serves toolhost serve over stdio"
         )
-        async with Host.open(project, approver=approver) as host:
-            host.on("*", print_events)
-            async with McpServer(host, reload=args.reload).running() as server:
-                await server.serve_stdio()
+        async with (
+            open_host(project, approver=approver) as host,
+            McpServer(host, reload=args.reload).running() as server,
+        ):
+            await server.serve_stdio()
         return 0
     if args.backend != "asyncio":
         raise UsageError("--transport http runs on asyncio (uvicorn); drop --backend")
@@ -63,8 +63,7 @@ async def _serve(args: argparse.Namespace) -> int:
             "authentication here: whoever reaches the port calls tools as the agent",
             file=sys.stderr,
         )
-    async with Host.open(project) as host:
-        host.on("*", print_events)
+    async with open_host(project) as host:
         app = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed).starlette()
         await run_http(
             app,

@@ -3,9 +3,9 @@
 A scope is a pure function of the tool files' contents, the pyright version and its
 settings, the Python that pyright resolves imports against, and the code that builds it;
 the cache key is a SHA-256 over exactly those. Entries are content-addressed JSON files in
-``$TOOLHOST_CACHE_DIR`` (default ``$XDG_CACHE_HOME/toolhost/scopes``, else
-``~/.cache/toolhost/scopes``), so projects with the same tools share them and nothing is
-written into the project. Writes are atomic (a temporary file renamed into place); an
+``scopes/`` of toolhost's one cache folder (:func:`cache_root`: ``$TOOLHOST_CACHE``, else
+``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost``), so projects with the same
+tools share them and nothing is written into the project. Writes are atomic (a temporary file renamed into place); an
 unreadable or malformed entry is a miss; a failed build raises and writes nothing.
 """
 
