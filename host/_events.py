@@ -5,7 +5,9 @@ subscribed; a listener that raises is logged and skipped, never breaking the cal
 The bus keeps the last events in a bounded buffer for inspection (``Host.events.recent``).
 
 Kinds emitted by the core: ``capsule_started``, ``capsule_crashed``, ``capsule_unavailable``,
-``tool_file_failed``, ``console``, ``console_dropped``, ``call_started``, ``call_done``.
+``tool_file_failed``, ``console``, ``console_dropped``, ``call_started``, ``call_done``; the
+policy's, among them ``policy_warning`` and ``policy_missing`` (README, "Events", lists
+them all with their fields).
 """
 
 from __future__ import annotations

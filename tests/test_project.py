@@ -113,3 +113,14 @@ async def test_no_policy_file_is_said_in_an_event_with_the_defaults(tmp_path: Pa
         assert "no policy.toml or policies/*.toml" in event.data["message"]
         assert event.data["project"] == str(root.resolve())
         assert await host.call("wipe_notes") == "wiped"  # app: allow, the default
+
+
+@pytest.mark.anyio
+async def test_removing_the_last_policy_file_is_said_too(tmp_path: Path) -> None:
+    root = _layout(tmp_path)
+    async with Host.open(root, capsule=in_process()) as host:
+        assert [e for e in host.events.recent if e.kind == "policy_missing"] == []
+        (root / "policy.toml").unlink()
+        assert await host.call("wipe_notes") == "wiped"  # reloaded: the defaults allow it
+        (event,) = [e for e in host.events.recent if e.kind == "policy_missing"]
+        assert event.data["defaults"]["app"] == "allow"

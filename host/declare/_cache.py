@@ -5,8 +5,9 @@ settings, the Python that pyright resolves imports against, and the code that bu
 the cache key is a SHA-256 over exactly those. Entries are content-addressed JSON files in
 ``scopes/`` of toolhost's one cache folder (:func:`cache_root`: ``$TOOLHOST_CACHE``, else
 ``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost``), so projects with the same
-tools share them and nothing is written into the project. Writes are atomic (a temporary file renamed into place); an
-unreadable or malformed entry is a miss; a failed build raises and writes nothing.
+tools share them and nothing is written into the project. Writes are atomic (a temporary
+file renamed into place); an unreadable or malformed entry is a miss; a failed build
+raises and writes nothing.
 """
 
 from __future__ import annotations
