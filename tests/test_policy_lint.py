@@ -294,6 +294,5 @@ async def test_the_policy_is_checked_again_when_the_tools_change(
         (root / "tools" / "extra.py").unlink()
         assert await host.reload_tools()
         assert [e.data["message"] for e in later] == [
-            "'export_notes' matches no tool, so this rule never applies; did you mean "
-            "'wipe_notes'?"
+            "'export_notes' matches no tool, so this rule never applies; did you mean 'wipe_notes'?"
         ]
