@@ -262,5 +262,8 @@ async def test_a_flood_of_lines_shows_whole_lines_and_says_what_it_dropped() -> 
     dropped = recorder.of("console_dropped")
     assert dropped, "a flood over the budget drops output and says so"
     assert all(e.data["dropped_bytes"] > 0 for e in dropped)
-    assert len(shown) + sum(e.data["dropped_bytes"] for e in dropped) == 2 * count * 81
-    assert dropped[-1].data["total_bytes"] == 2 * count * 81 - len(shown)
+    # Every byte shown or dropped is counted once (exactly, on a fake clock, in
+    # test_console.py); here the capsule may stop before forwarding its last output.
+    counted = len(shown) + sum(e.data["dropped_bytes"] for e in dropped)
+    assert counted <= 2 * count * 81
+    assert dropped[-1].data["total_bytes"] == counted - len(shown)

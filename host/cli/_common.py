@@ -138,11 +138,20 @@ class _Console:
 
     open: str | None = None
     """The stream whose line is open on the terminal (its text ended without a newline)."""
+    cut: str | None = None
+    """The stream whose open line was ended by a newline of ours: its own newline, when it
+    comes first, is not printed again (no blank line)."""
     waiting: dict[str, str] = {}  # noqa: RUF012 - one terminal per process
-    _LIMIT = 1 << 16
+    _LIMIT = 1 << 20  # the capsule's console budget bounds how fast this can fill
 
     @classmethod
     def write(cls, stream: str, text: str) -> None:
+        if cls.cut == stream:
+            cls.cut = None
+            if text.startswith("\n"):
+                text = text[1:]
+                if not text:
+                    return
         if cls.open is not None and cls.open != stream:
             pending = cls.waiting.get(stream, "") + text
             if len(pending) <= cls._LIMIT:
@@ -169,7 +178,7 @@ class _Console:
         """Before a line of the command line's own: end a tool's open line."""
         if cls.open is not None:
             sys.stderr.write("\n")
-            cls.open = None
+            cls.cut, cls.open = cls.open, None
 
     @classmethod
     def finish(cls) -> None:
