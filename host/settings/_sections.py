@@ -41,7 +41,7 @@ class _Model(BaseModel):
 
 
 class Limits(_Model):
-    """``[limits]``: time, memory, call and output budgets (README, "Limits")."""
+    """``[limits]``: time, memory, call and output budgets (README, "Policy file")."""
 
     call_timeout: Duration = 60.0
     """Seconds one tool call may take; on expiry the capsule is killed and restarted."""
