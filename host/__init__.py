@@ -42,6 +42,7 @@ from .policy import ApprovalRequest as ApprovalRequest
 from .policy import Approver as Approver
 from .policy import Decision as Decision
 from .policy import DenyAll as DenyAll
+from .policy import InboxApprover as InboxApprover
 from .policy import Policy as Policy
 from .policy import PolicyConfig as PolicyConfig
 from .policy import PolicyWarning as PolicyWarning
@@ -78,6 +79,7 @@ __all__ = (
     "Approver",
     "DenyAll",
     "TerminalApprover",
+    "InboxApprover",
     "Store",
     "SQLiteStore",
     "DONE",

@@ -25,7 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-__all__ = ["Rendered", "Redactor", "render_arguments", "summarize_arguments", "escape_text"]
+__all__ = [
+    "Rendered",
+    "Redactor",
+    "render_arguments",
+    "summarize_arguments",
+    "escape_text",
+    "quote_text",
+]
 
 _BIDI: Final = frozenset([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
 _INVISIBLE_LETTERS: Final = frozenset([0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x180E])
@@ -335,6 +342,13 @@ def render_arguments(
     warnings = sorted(renderer.warnings)
     warnings.extend(f"contains the value of the secret {name}" for name in sorted(renderer.secrets))
     return Rendered("\n".join(lines) or "(no arguments)", tuple(warnings))
+
+
+def quote_text(text: str, *, redactor: Redactor | None = None, limit: int = 1000) -> str:
+    """``text`` as quoted data (``"..."``): escaped as arguments are, secrets replaced, and
+    cut to about ``limit`` characters (head and tail) when longer. For free text a person
+    or a tool wrote that is passed on inside a message of the host's own."""
+    return _Renderer(redactor or Redactor(), limit, 1, 1).string(text)
 
 
 def summarize_arguments(

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -43,6 +43,7 @@ from .declare import (
 from .errors import HostError, PolicyFileError
 from .policy import (
     Approver,
+    InboxApprover,
     Policy,
     PolicyConfig,
     PolicySource,
@@ -264,7 +265,7 @@ class Host:
         policy: PolicyConfig | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         capsule: TransportFactory | None = None,
-        approver: Approver | None = None,
+        approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
@@ -278,7 +279,8 @@ class Host:
             approver: who answers escalations: an async callable
                 ``(ApprovalRequest) -> Approval | bool`` or an object with such a
                 ``decide`` method (default: the terminal approver when stdin is a
-                terminal, else deny-all).
+                terminal, else deny-all); ``"inbox"``: the approval inbox answers
+                (an ``InboxApprover`` over this host's store).
             store: the state database (default: ``SQLiteStore`` at
                 ``PROJECT/.agent/state.db``); the host opens and closes it.
 
@@ -302,6 +304,11 @@ class Host:
                 else dict(limits)
             )
             config = config.model_copy(update={"limits": Limits.model_validate(merged)})
+        store = store or SQLiteStore(
+            resolved.state_dir / "state.db", durability=config.audit.durability
+        )
+        if approver == "inbox":
+            approver = InboxApprover(store)
         try:
             async with anyio.create_task_group() as tg:
                 host = cls(
@@ -310,10 +317,7 @@ class Host:
                     config,
                     capsule or tool_capsules(config.capsules, resolved.root),
                     tg,
-                    store=store
-                    or SQLiteStore(
-                        resolved.state_dir / "state.db", durability=config.audit.durability
-                    ),
+                    store=store,
                     approver=approver if approver is not None else default_approver(),
                     watch_policy=policy is None,
                     scope=scope,

@@ -132,6 +132,13 @@ class Mediator:
         self.quotas.forget_session(session)
         self.escalations.forget_session(session)
 
+    def _description(self, tool: str) -> str | None:
+        """The first paragraph of a tool's docstring, for the person asked about a call."""
+        spec = self._names.get(tool)
+        text = (spec.docstring or "").strip() if spec is not None else ""
+        first = text.split("\n\n", 1)[0].strip()
+        return first[:500] or None
+
     def lookup(self, name: str) -> ToolSpec:
         """The tool with exactly this name (or ``tools.FILE.EXPORT`` path)."""
         spec = self._names.get(name) if type(name) is str else None
@@ -250,6 +257,7 @@ class Mediator:
                         max_pending=self._config.limits.max_pending_approvals,
                         redactor=self._redactor,
                         approvers=decision.approvers,
+                        description=self._description(tool),
                     )
                 )
                 record = record._replace(approval=ticket.how)

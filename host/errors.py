@@ -178,20 +178,38 @@ class NotApproved(CallError):
     ``timeout`` (nobody answered by the escalation timeout), ``approver_failed`` (the
     approver raised or answered with something else than an approval), ``mismatch``
     (the answer was given for another request) and ``channel_not_allowed`` (an allow came
-    from a channel the rule's ``approvers`` exclude); ``detail`` says more.
+    from a channel the rule's ``approvers`` exclude); ``detail`` says more. ``comment`` is
+    what the person who denied it wrote, already escaped and quoted (``"..."``): data
+    from a person, never the host's own words.
     """
 
     def __init__(
-        self, tool: str, *, reason: str, rule: str | None = None, detail: str | None = None
+        self,
+        tool: str,
+        *,
+        reason: str,
+        rule: str | None = None,
+        detail: str | None = None,
+        comment: str | None = None,
     ) -> None:
         why = f"{reason}: {detail}" if detail else reason
-        super().__init__(f"{tool} was not approved ({why}); the call did not run", tool=tool)
+        message = f"{tool} was not approved ({why}); the call did not run"
+        if comment:
+            message += f"; the approver's comment, quoted: {comment}"
+        super().__init__(message, tool=tool)
         self.reason = reason
         self.rule = rule
         self.detail = detail
+        self.comment = comment
 
     def _fields(self) -> dict[str, Any]:
-        return {"tool": self.tool, "reason": self.reason, "rule": self.rule, "detail": self.detail}
+        return {
+            "tool": self.tool,
+            "reason": self.reason,
+            "rule": self.rule,
+            "detail": self.detail,
+            "comment": self.comment,
+        }
 
 
 class ToolTimeout(CallError):

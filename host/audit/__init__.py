@@ -10,9 +10,12 @@ that file imports nothing of the host at all. What other wings may use is listed
 """
 
 from ._records import DONE as DONE
+from ._records import AnswerResult as AnswerResult
+from ._records import AnswerStatus as AnswerStatus
 from ._records import AuditRecord as AuditRecord
 from ._records import Grant as Grant
 from ._records import Outcome as Outcome
+from ._records import PendingAnswer as PendingAnswer
 from ._records import PendingApproval as PendingApproval
 from ._records import Store as Store
 from ._records import StoreUnavailable as StoreUnavailable
@@ -20,9 +23,12 @@ from ._sqlite import SQLiteStore as SQLiteStore
 
 __all__ = [
     "DONE",
+    "AnswerResult",
+    "AnswerStatus",
     "AuditRecord",
     "Grant",
     "Outcome",
+    "PendingAnswer",
     "PendingApproval",
     "SQLiteStore",
     "Store",

@@ -28,8 +28,11 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 __all__ = [
     "DONE",
+    "AnswerResult",
+    "AnswerStatus",
     "AuditRecord",
     "Grant",
+    "PendingAnswer",
     "PendingApproval",
     "Store",
     "StoreUnavailable",
@@ -133,8 +136,31 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingAnswer:
+    """A person's answer to a pending approval, given through the store (an inbox)."""
+
+    allow: bool
+    remember: Literal["once", "session", "always"] = "once"
+    scope: Literal["call", "tool"] = "call"
+    comment: str | None = None
+    """Free text from the person, passed to the caller of a denied call as quoted data."""
+    approver: str | None = None
+    """The name the person gave (a label they typed, not an authenticated identity)."""
+    channel: str = "inbox"
+    """Where the answer was given (checked against the rule's ``approvers``)."""
+    answered: float = 0.0
+    """Unix time of the answer."""
+
+    def to_data(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class PendingApproval:
-    """An escalation waiting for its answer (for inboxes in other processes)."""
+    """An escalation waiting for its answer (for inboxes in other processes).
+
+    The fields after ``rendered`` have defaults: a row written by an older host has none.
+    """
 
     id: str
     host_id: str
@@ -148,9 +174,37 @@ class PendingApproval:
     reason: str | None
     args_sha256: str
     rendered: str
+    """The arguments escaped, bounded and redacted for display (never raw values)."""
+    description: str | None = None
+    """The tool's description (the first paragraph of its docstring)."""
+    warnings: tuple[str, ...] = ()
+    """What in the arguments deserves a second look (hidden characters, look-alikes...)."""
+    approvers: tuple[str, ...] | None = None
+    """The channels whose allow counts (the rule's ``approvers``); None: any."""
+    offered: bool = False
+    """True once the host waits for an answer given through the store (its approver is
+    the inbox): until then an inbox shows the request but cannot answer it."""
+    answer: PendingAnswer | None = None
+    """The first answer given through the store; the only one that counts."""
 
     def to_data(self) -> dict[str, Any]:
         return asdict(self)
+
+
+AnswerStatus = Literal["answered", "answered_before", "expired", "not_offered", "gone"]
+"""What became of an answer given through the store: ``answered`` (it is the answer),
+``answered_before`` (someone else answered first), ``expired`` (the escalation timeout
+passed: the call is denied), ``not_offered`` (the request is asked on another channel),
+``gone`` (no such pending request: answered and done, timed out, or its host stopped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerResult:
+    """The outcome of :meth:`Store.answer_pending`."""
+
+    status: AnswerStatus
+    pending: PendingApproval | None = None
+    """The request as it is now (with the answer that counts), None when ``gone``."""
 
 
 class Store(Protocol):
@@ -203,3 +257,29 @@ class Store(Protocol):
     async def remove_pending(self, pending_id: str) -> None: ...
 
     async def pending(self) -> list[PendingApproval]: ...
+
+    # Answers given through the store (the approval inbox, in this or another process).
+    # The first answer wins, exactly once; a change made by this process wakes
+    # :meth:`pending_changed` at once, a change made by another one is seen by reading
+    # again (SQLite: a poll; a PostgreSQL store can wake waiters with LISTEN/NOTIFY).
+
+    async def get_pending(self, pending_id: str) -> PendingApproval | None:
+        """One pending approval, with its answer if it has one."""
+        ...
+
+    async def offer_pending(self, pending_id: str) -> bool:
+        """Let people answer this request through the store; False if it is gone."""
+        ...
+
+    async def answer_pending(self, pending_id: str, answer: PendingAnswer) -> AnswerResult:
+        """Record ``answer`` if the request is offered, unanswered and not expired."""
+        ...
+
+    def pending_version(self) -> int:
+        """A number that changes whenever this process changes a pending approval."""
+        ...
+
+    async def pending_changed(self, seen: int, timeout: float) -> int:
+        """Wait until :meth:`pending_version` differs from ``seen``, at most ``timeout``
+        seconds; returns the version now."""
+        ...

@@ -25,11 +25,20 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 
-from . import _journal
+from . import _journal, _pending
 from ._hostlock import HostLock
 from ._journal import COLUMNS, END, ROW, Ingester, Journal
-from ._reading import columns, tail_audit
-from ._records import DONE, AuditRecord, Grant, Outcome, PendingApproval, StoreUnavailable
+from ._reading import tail_audit
+from ._records import (
+    DONE,
+    AnswerResult,
+    AuditRecord,
+    Grant,
+    Outcome,
+    PendingAnswer,
+    PendingApproval,
+    StoreUnavailable,
+)
 
 __all__ = [
     "Durability",
@@ -159,6 +168,7 @@ class SQLiteStore:
         self._appended = 0
         self._synced = 0
         self._syncing: anyio.Event | None = None
+        self._changes = _pending.Changes()
         self.host_id: str | None = None
 
     def __repr__(self) -> str:
@@ -206,7 +216,24 @@ class SQLiteStore:
         sync = "FULL" if self.durability == "power" else "NORMAL"
         conn.execute(f"PRAGMA synchronous={sync}")
         conn.executescript(_SCHEMA)
+        _pending.migrate(conn)
         return conn
+
+    async def attach(self) -> None:
+        """Open the database to read it and answer pending approvals, as a process that
+        makes no calls (``toolhost inbox``): no host lock, no journal, no writer.
+        ``aclose`` closes it; the audit trail read back includes the journals of running
+        hosts."""
+
+        def open_only() -> None:
+            try:
+                self._conn = self._connect()
+            except (sqlite3.Error, OSError) as exc:
+                raise StoreUnavailable(
+                    f"cannot open the state database {self.path}: {exc}"
+                ) from exc
+
+        await anyio.to_thread.run_sync(open_only, limiter=self._limiter)
 
     async def start(self, host_id: str) -> int:
         def open_and_reconcile() -> int:
@@ -451,17 +478,11 @@ class SQLiteStore:
     # -- pending approvals -----------------------------------------------------------------
 
     async def add_pending(self, pending: PendingApproval) -> None:
-        data = pending.to_data()
-
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                f"INSERT INTO pending ({', '.join(data)}) VALUES ({', '.join('?' for _ in data)})",
-                tuple(data.values()),
-            )
-            conn.execute("COMMIT")
+            _pending.insert(conn, pending)
 
         await self._run(work)
+        self._changes.bump()
 
     async def remove_pending(self, pending_id: str) -> None:
         def work(conn: sqlite3.Connection) -> None:
@@ -470,10 +491,35 @@ class SQLiteStore:
             conn.execute("COMMIT")
 
         await self._run(work)
+        self._changes.bump()
 
     async def pending(self) -> list[PendingApproval]:
-        def work(conn: sqlite3.Connection) -> list[PendingApproval]:
-            rows = conn.execute("SELECT * FROM pending ORDER BY created").fetchall()
-            return [PendingApproval(**columns(row)) for row in rows]
+        return await self._run(_pending.select_all)
+
+    async def get_pending(self, pending_id: str) -> PendingApproval | None:
+        def work(conn: sqlite3.Connection) -> PendingApproval | None:
+            return _pending.select(conn, pending_id)
 
         return await self._run(work)
+
+    async def offer_pending(self, pending_id: str) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            return _pending.offer(conn, pending_id)
+
+        offered = await self._run(work)
+        self._changes.bump()
+        return offered
+
+    async def answer_pending(self, pending_id: str, answer: PendingAnswer) -> AnswerResult:
+        def work(conn: sqlite3.Connection) -> AnswerResult:
+            return _pending.answer(conn, pending_id, answer)
+
+        result = await self._run(work)
+        self._changes.bump()
+        return result
+
+    def pending_version(self) -> int:
+        return self._changes.version
+
+    async def pending_changed(self, seen: int, timeout: float) -> int:
+        return await self._changes.wait(seen, timeout)

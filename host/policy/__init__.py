@@ -31,6 +31,7 @@ from ._files import load_policy as load_policy
 from ._lint import PolicyWarning as PolicyWarning
 from ._lint import lint_policy as lint_policy
 from ._lint import missing_policy as missing_policy
+from ._inbox_approver import InboxApprover as InboxApprover
 from ._quotas import Quotas as Quotas
 from ._quotas import Reservation as Reservation
 
@@ -39,6 +40,7 @@ __all__ = [
     "ApprovalRequest",
     "Approver",
     "DenyAll",
+    "InboxApprover",
     "Escalation",
     "Escalations",
     "TerminalApprover",

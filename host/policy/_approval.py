@@ -42,7 +42,7 @@ import anyio
 
 from capsule.protocol import decode
 from host._binding import BoundCall
-from host._display import Redactor, render_arguments, summarize_arguments
+from host._display import Redactor, escape_text, quote_text, render_arguments, summarize_arguments
 from host._events import EventBus
 from host.audit import Grant, PendingApproval, Store
 from host.errors import LimitExceeded, NotApproved
@@ -81,6 +81,13 @@ class Approval:
     channel: Channel | None = None
     """Where the answer came from; None: the approver's own ``channel`` (``app`` for a
     plain function). Checked against the rule's ``approvers``."""
+    comment: str | None = None
+    """Free text from the person who answered. A denied call's ``NotApproved`` carries it
+    escaped and quoted (``comment``): the caller sees it as data, never as the host's
+    words."""
+    approver: str | None = None
+    """Who answered, as they named themselves (the inbox's name field): recorded with
+    the decision, a label rather than an authenticated identity."""
 
     def __post_init__(self) -> None:
         if type(self.allow) is not bool:
@@ -119,6 +126,8 @@ class ApprovalRequest:
     """Seconds the call waits for an answer before it is denied."""
     approvers: tuple[Channel, ...] | None = None
     """The channels whose allow counts (the rule's ``approvers``); None: any."""
+    description: str | None = None
+    """The tool's description (the first paragraph of its docstring)."""
 
     def allow(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
         """An allow that counts for this request only."""
@@ -215,6 +224,8 @@ class Escalation:
     redactor: Redactor
     approvers: tuple[Channel, ...] | None = None
     """The channels whose allow counts (from the decision); None: any."""
+    description: str | None = None
+    """The tool's description, shown to the person asked."""
 
 
 class Escalations:
@@ -285,6 +296,7 @@ class Escalations:
                     reason=joined.denial.reason,
                     rule=e.rule,
                     detail=joined.denial.detail,
+                    comment=joined.denial.comment,
                 )
             # allowed once (for the other call): this one asks again, or finds a grant
         if self.open_requests(e.session) >= e.max_pending:
@@ -324,6 +336,7 @@ class Escalations:
             policy_version=e.policy_version,
             timeout=e.timeout,
             approvers=e.approvers,
+            description=e.description,
         )
         now = time.time()
         await self._store.add_pending(
@@ -340,6 +353,9 @@ class Escalations:
                 reason=e.reason,
                 args_sha256=e.args_sha256,
                 rendered=rendered.text,
+                description=e.description,
+                warnings=rendered.warnings,
+                approvers=e.approvers,
             )
         )
         self._events.emit(
@@ -410,6 +426,7 @@ class Escalations:
 
     async def _apply(self, approval: Approval, e: Escalation) -> Ticket:
         how: str = approval.remember
+        by = _answered_by(approval)
         if approval.remember != "once":
             grant = Grant(
                 tool=e.tool,
@@ -430,7 +447,31 @@ class Escalations:
                 how = f"always (grant {grant.id})"
         if not approval.allow:
             detail = approval.note or "a person denied it"
+            if by:
+                detail += f" ({by})"
             if approval.remember != "once":
                 detail += f" (remembered: {how})"
-            raise NotApproved(e.tool, reason="denied", rule=e.rule, detail=detail)
+            comment = (
+                quote_text(approval.comment, redactor=e.redactor, limit=_COMMENT_SHOWN)
+                if approval.comment
+                else None
+            )
+            raise NotApproved(e.tool, reason="denied", rule=e.rule, detail=detail, comment=comment)
+        if by:
+            how += f" ({by})"
         return Ticket(e.call_id, e.session, e.tool, e.args_sha256, how)
+
+
+_COMMENT_SHOWN = 1000
+"""Characters of an approver's comment a denied caller is shown (head and tail beyond)."""
+
+
+def _answered_by(approval: Approval) -> str:
+    """Where and by whom, when the answer says so: ``inbox: alice``, ``mcp`` (for the
+    audit's ``approval`` column and a denial's detail); the name is escaped."""
+    parts: list[str] = []
+    if approval.channel is not None:
+        parts.append(approval.channel)
+    if approval.approver:
+        parts.append(escape_text(approval.approver[:80]))
+    return ": ".join(parts)

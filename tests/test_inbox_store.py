@@ -1,0 +1,204 @@
+"""Pending approvals answered through the store: first answer wins, the inbox approver.
+
+Real SQLite files; the hosts run real capsules except where the twin is enough (the
+answer's path is the store's, not the capsule's). Runs under asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from host import Host, InboxApprover, NotApproved, SQLiteStore
+from host.audit import PendingAnswer, PendingApproval
+from host.testing import in_process
+
+pytestmark = pytest.mark.anyio
+
+POLICY = """\
+version = 1
+
+[defaults]
+escalation_timeout = "30s"
+
+[[rules]]
+id = "ask"
+tools = ["launch"]
+decision = "escalate"
+reason = "Launching is irreversible."
+
+[[rules]]
+id = "inbox-only"
+tools = ["fire"]
+decision = "escalate"
+approvers = ["inbox"]
+
+[env]
+set = {INBOX_TEST_TOKEN = "tok-9f2e7a11c3"}
+secret = ["INBOX_TEST_TOKEN"]
+"""
+
+TOOLS = {
+    "desk": '''
+        def launch(target: str) -> str:
+            """Launch something at a target.
+
+            The long story of launching.
+            """
+            return "launched " + target
+
+
+        def fire() -> str:
+            return "fired"
+    '''
+}
+
+
+@pytest.fixture
+def project(make_project: Callable[..., Path]) -> Path:
+    return make_project(TOOLS, policy=POLICY)
+
+
+def _row(pending_id: str, *, expires: float, offered: bool = True) -> PendingApproval:
+    now = time.time()
+    return PendingApproval(
+        id=pending_id,
+        host_id="h1",
+        created=now,
+        expires=expires,
+        call_id="h1.1",
+        session="s1",
+        caller="agent",
+        tool="launch",
+        rule="ask",
+        reason=None,
+        args_sha256="0" * 64,
+        rendered='target = "moon"',
+        description="Launch.",
+        warnings=("bidirectional control characters",),
+        approvers=("inbox",),
+        offered=offered,
+    )
+
+
+async def test_first_answer_wins_once(tmp_path: Path) -> None:
+    """Two stores on one file (two processes' view): one answer counts, the other is told
+    who answered; expired, unoffered and gone requests say so."""
+    path = tmp_path / "state.db"
+    a, b = SQLiteStore(path), SQLiteStore(path)
+    await a.attach()
+    await b.attach()
+    try:
+        await a.add_pending(_row("r1", expires=time.time() + 60))
+        await a.add_pending(_row("r2", expires=time.time() - 1))
+        await a.add_pending(_row("r3", expires=time.time() + 60, offered=False))
+        rows = {r.id: r for r in await b.pending()}
+        assert rows["r1"].warnings == ("bidirectional control characters",)
+        assert rows["r1"].approvers == ("inbox",) and rows["r1"].description == "Launch."
+
+        first = await a.answer_pending("r1", PendingAnswer(True, "always", approver="alice"))
+        second = await b.answer_pending("r1", PendingAnswer(False, comment="no"))
+        assert first.status == "answered"
+        assert second.status == "answered_before"
+        assert second.pending is not None and second.pending.answer is not None
+        assert (second.pending.answer.allow, second.pending.answer.approver) == (True, "alice")
+        assert (await a.answer_pending("r2", PendingAnswer(True))).status == "expired"
+        assert (await a.answer_pending("r3", PendingAnswer(True))).status == "not_offered"
+        assert (await a.answer_pending("nope", PendingAnswer(True))).status == "gone"
+        assert await b.offer_pending("r3") is True
+        assert (await a.answer_pending("r3", PendingAnswer(True))).status == "answered"
+        assert await a.offer_pending("nope") is False
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_an_old_pending_table_gains_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE pending (id TEXT PRIMARY KEY, host_id TEXT NOT NULL, created REAL NOT "
+        "NULL, expires REAL NOT NULL, call_id TEXT NOT NULL, session TEXT NOT NULL, caller "
+        "TEXT NOT NULL, tool TEXT NOT NULL, rule TEXT, reason TEXT, args_sha256 TEXT NOT "
+        "NULL, rendered TEXT NOT NULL);"
+        "INSERT INTO pending VALUES ('old', 'h0', 1, 2, 'h0.1', 's', 'agent', 't', 'r', "
+        "NULL, 'x', 'a = 1');"
+    )
+    old.commit()
+    old.close()
+    store = SQLiteStore(path)
+    await store.attach()
+    try:
+        (row,) = await store.pending()
+        assert (row.id, row.offered, row.answer, row.warnings) == ("old", False, None, ())
+    finally:
+        await store.aclose()
+
+
+async def _answer_when_offered(
+    store: SQLiteStore, answer: PendingAnswer, answered: list[str]
+) -> None:
+    with anyio.fail_after(30):
+        while True:
+            seen = store.pending_version()
+            offered = [r for r in await store.pending() if r.offered and r.answer is None]
+            if offered:
+                result = await store.answer_pending(offered[0].id, answer)
+                answered.append(result.status)
+                return
+            await store.pending_changed(seen, 0.05)
+
+
+async def test_the_inbox_approver_takes_an_answer_from_the_store(project: Path) -> None:
+    async with (
+        Host.open(project, approver="inbox", capsule=in_process()) as host,
+        anyio.create_task_group() as tg,
+    ):
+        assert isinstance(host.mediator.escalations.approver, InboxApprover)
+        store = host.store
+        assert isinstance(store, SQLiteStore)
+        answered: list[str] = []
+        tg.start_soon(_answer_when_offered, store, PendingAnswer(True, approver="alice"), answered)
+        assert await host.call("launch", "moon") == "launched moon"
+        assert answered == ["answered"]
+        # The audit says who answered, and where.
+        (record,) = [r for r in await store.tail(10) if r.tool == "launch"]
+        assert record.approval == "once (inbox: alice)"
+
+        # A denial carries the comment as quoted, escaped data (secrets replaced).
+        comment = 'no\u202e, not tok-9f2e7a11c3 "now"'
+        tg.start_soon(
+            _answer_when_offered, store, PendingAnswer(False, comment=comment), answered
+        )
+        with pytest.raises(NotApproved) as caught:
+            await host.call("launch", "mars")
+        error = caught.value
+        assert error.reason == "denied" and error.comment is not None
+        assert error.comment == '"no\\u{202E}, not ⟨secret INBOX_TEST_TOKEN⟩ \\"now\\""'
+        assert "the approver's comment, quoted: " + error.comment in str(error)
+        assert error.to_data()["comment"] == error.comment
+        assert "tok-9f2e7a11c3" not in str(error) and "\u202e" not in str(error)
+        assert not await store.pending()
+
+
+async def test_an_answer_from_another_process_is_polled(project: Path) -> None:
+    """A second store object on the same file stands for another process: its answer
+    reaches the waiting host only by the host reading the row again."""
+    async with Host.open(project, capsule=in_process()) as host:
+        host.mediator.escalations.approver = InboxApprover(host.store, poll=0.05)
+        other = SQLiteStore(host.project.state_dir / "state.db")
+        await other.attach()
+        try:
+            async with anyio.create_task_group() as tg:
+                answered: list[str] = []
+                tg.start_soon(_answer_when_offered, other, PendingAnswer(True), answered)
+                assert await host.call("fire") == "fired"  # an inbox-only rule
+            assert answered == ["answered"]
+        finally:
+            await other.aclose()
+
