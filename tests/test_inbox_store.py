@@ -172,9 +172,7 @@ async def test_the_inbox_approver_takes_an_answer_from_the_store(project: Path) 
 
         # A denial carries the comment as quoted, escaped data (secrets replaced).
         comment = 'no\u202e, not tok-9f2e7a11c3 "now"'
-        tg.start_soon(
-            _answer_when_offered, store, PendingAnswer(False, comment=comment), answered
-        )
+        tg.start_soon(_answer_when_offered, store, PendingAnswer(False, comment=comment), answered)
         with pytest.raises(NotApproved) as caught:
             await host.call("launch", "mars")
         error = caught.value
@@ -201,4 +199,3 @@ async def test_an_answer_from_another_process_is_polled(project: Path) -> None:
             assert answered == ["answered"]
         finally:
             await other.aclose()
-

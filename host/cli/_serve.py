@@ -1,11 +1,14 @@
-"""``toolhost serve``: the project's tools over MCP, on stdio or streamable HTTP.
+"""``toolhost serve``: the project's tools over MCP; ``toolhost inbox``: the inbox alone.
 
 Over stdio (the default) one client talks to the host on this process's stdin and
 stdout; escalations the client's user cannot answer (no elicitation) are denied, since
 nobody can be asked on a terminal whose input is the protocol. Over HTTP
 (``--transport http``) MCP is at ``http://HOST:PORT/mcp`` (uvicorn: asyncio only), one
-session per client; escalations the client cannot answer go to the default approver
-(the terminal when there is one). ``--reload`` follows changes to the tool files.
+session per client, and the approval inbox at ``/inbox/``: escalations the client cannot
+answer (and those of rules with ``approvers = ["inbox"]``) wait for an answer there. Its
+URL, with the token a browser needs, goes to stderr. ``--reload`` follows changes to the
+tool files. ``toolhost inbox`` serves the inbox of a project's store with no tools: it
+answers what other host processes on that store wait for.
 """
 
 from __future__ import annotations
@@ -30,8 +33,14 @@ def _loopback(name: str) -> bool:
         return False
 
 
-def _announce(url: str) -> None:
-    print(f"toolhost: MCP at {url}", file=sys.stderr, flush=True)
+def _warn_exposed(address: str, what: str) -> list[str]:
+    if _loopback(address):
+        return []
+    print(
+        f"toolhost: warning: serving on {address}, not loopback; {what}",
+        file=sys.stderr,
+    )
+    return [f"{address}:*"]
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -55,22 +64,41 @@ async def _serve(args: argparse.Namespace) -> int:
         raise UsageError("--transport http runs on asyncio (uvicorn); drop --backend")
     address = args.host or "127.0.0.1"
     port = 8000 if args.port is None else args.port
-    allowed: list[str] = []
-    if not _loopback(address):
-        allowed.append(f"{address}:*")
-        print(
-            f"toolhost: warning: serving on {address}, not loopback; MCP has no "
-            "authentication here: whoever reaches the port calls tools as the agent",
-            file=sys.stderr,
-        )
-    async with open_host(project) as host:
-        app = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed).starlette()
-        await run_http(
-            app,
-            host=address,
-            port=port,
-            on_ready=_announce,
-        )
+    allowed = _warn_exposed(
+        address,
+        "MCP has no authentication here: whoever reaches the port calls tools as the "
+        "agent, and the inbox's token travels in clear",
+    )
+    async with open_host(project, approver="inbox") as host:
+        serve = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed)
+
+        def announce(base: str) -> None:
+            print(f"toolhost: MCP at {base}/mcp", file=sys.stderr)
+            print(f"toolhost: approval inbox at {serve.inbox_url(base)}", file=sys.stderr)
+            sys.stderr.flush()
+
+        await run_http(serve.starlette(), host=address, port=port, on_ready=announce)
+    return 0
+
+
+async def _inbox(args: argparse.Namespace) -> int:
+    from host.serve import Inbox, serve_inbox  # starlette is imported only to serve
+
+    project = project_dir(args)
+    address = args.host or "127.0.0.1"
+    allowed = _warn_exposed(address, "the inbox's token travels in clear")
+
+    def announce(url: str, inbox: Inbox) -> None:
+        del inbox
+        print(f"toolhost: approval inbox at {url}", file=sys.stderr, flush=True)
+
+    await serve_inbox(
+        project,
+        host=address,
+        port=8000 if args.port is None else args.port,
+        allowed_hosts=[a.rsplit(":", 1)[0] for a in allowed],
+        on_ready=announce,
+    )
     return 0
 
 
@@ -94,4 +122,17 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_serve)
 
 
-SERVE_COMMANDS = [_add_serve]
+def _add_inbox(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser(
+        "inbox",
+        parents=[common],
+        help="serve the approval inbox of the project's store (a web page)",
+        description="Serve the approval inbox alone: answer what hosts on this project's "
+        "store wait for. Its URL, with the token a browser needs, goes to stderr.",
+    )
+    parser.add_argument("--host", help="the address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="the port (default 8000, 0: any free)")
+    parser.set_defaults(handler=_inbox)
+
+
+SERVE_COMMANDS = [_add_serve, _add_inbox]

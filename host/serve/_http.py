@@ -1,7 +1,7 @@
-"""The host as an ASGI app: MCP at ``/mcp`` (and, later, the approval inbox beside it).
+"""The host as an ASGI app: MCP at ``/mcp``, the approval inbox at ``/inbox/``.
 
-:class:`ServeApp` opens the host, the MCP server and the SDK's HTTP session manager in
-its :meth:`~ServeApp.lifespan`, and routes requests to them. ``asgi_app()`` is the
+:class:`ServeApp` opens the host, the MCP server, the SDK's HTTP session manager and the
+inbox in its :meth:`~ServeApp.lifespan`, and routes requests to them. ``asgi_app()`` is the
 Starlette app ``toolhost serve --transport http`` runs. To mount it in an app of your
 own, enter its lifespan in yours (Starlette never runs a mounted app's lifespan)::
 
@@ -14,29 +14,32 @@ own, enter its lifespan in yours (Starlette never runs a mounted app's lifespan)
 
     app = Starlette(routes=[*serve.routes(), Route("/", home)], lifespan=lifespan)
 
-Other front ends (the inbox) add their routes to :meth:`ServeApp.routes` and reach the
-open host as :attr:`ServeApp.host` while the lifespan runs.
+The inbox's event streams stay open until it closes: stop a server with
+:meth:`ServeApp.close_streams` first (``run_http`` does), or it waits for them until its
+graceful-shutdown timeout.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, Literal
 
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from host._host import Host
 from host.errors import HostError
 from host.policy import Approver
 
+from ._inbox import Inbox
+from ._inbox_guard import Guard
 from ._server import McpServer
 
 __all__ = ["ServeApp", "asgi_app", "run_http"]
@@ -57,17 +60,37 @@ class _McpEndpoint:
         await manager.handle_request(scope, receive, send)
 
 
+class _InboxEndpoint:
+    """``/inbox/``: hands each request to the inbox of the running app."""
+
+    def __init__(self, app: ServeApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        inbox = self._app.inbox
+        if inbox is None:
+            response = PlainTextResponse("the approval inbox is not running", status_code=503)
+            await response(scope, receive, send)
+            return
+        await inbox(scope, receive, send)
+
+
 class ServeApp:
     """MCP over streamable HTTP for one project, as routes plus a lifespan.
 
     Args:
         project: the project folder, as for ``Host.open``; or pass ``host``, an open host.
         host: serve this open host instead of opening one (its approver then answers
-            the escalations the MCP client cannot).
+            the escalations the MCP client cannot; ``Host.open(approver="inbox")`` makes
+            that the inbox).
         reload: watch the tool files; a change rebuilds the declarations, restarts the
             capsules and tells clients the tool list changed.
         approver: who answers escalations the MCP client's user cannot (no elicitation,
-            or the rule excludes the ``mcp`` channel); default: as ``Host.open``.
+            or the rule excludes the ``mcp`` channel); default: the inbox when it is
+            served, else as ``Host.open``.
+        inbox: serve the approval inbox at ``/inbox/`` (default: yes). Its URL, with the
+            token a browser needs, is :meth:`inbox_url`.
+        inbox_token: the inbox's token (default: a random one per ``ServeApp``).
         allowed_hosts: ``host:port`` patterns accepted besides loopback (``Host`` and
             ``Origin`` headers are checked against DNS rebinding).
         idle_timeout: seconds after which an idle MCP session is closed (None: never).
@@ -80,7 +103,9 @@ class ServeApp:
         *,
         host: Host | None = None,
         reload: bool = False,
-        approver: Approver | None = None,
+        approver: Approver | Literal["inbox"] | None = None,
+        inbox: bool = True,
+        inbox_token: str | None = None,
         allowed_hosts: list[str] | None = None,
         idle_timeout: float | None = 1800.0,
         host_options: Mapping[str, Any] | None = None,
@@ -88,18 +113,41 @@ class ServeApp:
         self._project = project
         self._given = host
         self._reload = reload
-        self._approver = approver
+        self._approver: Approver | Literal["inbox"] | None = approver
+        if approver is None and inbox:
+            self._approver = "inbox"
         self._allowed_hosts = allowed_hosts
+        names = [h.rsplit(":", 1)[0] for h in allowed_hosts or []]
+        self._guard = Guard(inbox_token, names) if inbox else None
         self._idle_timeout = idle_timeout
         self._host_options = dict(host_options or {})
         self.host: Host | None = None
         """The open host, while the lifespan runs."""
         self.mcp: McpServer | None = None
         self.manager: StreamableHTTPSessionManager | None = None
+        self.inbox: Inbox | None = None
+        """The approval inbox, while the lifespan runs (None when not served)."""
 
     def routes(self) -> list[BaseRoute]:
-        """The routes to mount: ``/mcp``."""
-        return [Route("/mcp", endpoint=_McpEndpoint(self), methods=["GET", "POST", "DELETE"])]
+        """The routes to mount: ``/mcp``, and the inbox under ``/inbox/``."""
+        routes: list[BaseRoute] = [
+            Route("/mcp", endpoint=_McpEndpoint(self), methods=["GET", "POST", "DELETE"])
+        ]
+        if self._guard is not None:
+            routes.append(Mount("/inbox", app=_InboxEndpoint(self)))
+        return routes
+
+    def inbox_url(self, base: str) -> str:
+        """The inbox's URL with its token, for a server at ``base``
+        (``http://127.0.0.1:8000``). Raises HostError when the inbox is not served."""
+        if self._guard is None:
+            raise HostError("this app does not serve the inbox (inbox=False)")
+        return f"{base.rstrip('/')}/inbox/?token={self._guard.token}"
+
+    def close_streams(self) -> None:
+        """End the inbox's event streams (before the server stops: it waits for them)."""
+        if self.inbox is not None:
+            self.inbox.close()
 
     @asynccontextmanager
     async def _host(self) -> AsyncGenerator[Host]:
@@ -126,12 +174,16 @@ class ServeApp:
             manager = mcp.session_manager(
                 allowed_hosts=self._allowed_hosts, idle_timeout=self._idle_timeout
             )
-            async with manager.run():
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(manager.run())
+                if self._guard is not None:
+                    inbox = Inbox(host.store, redact=host.mediator.redact, guard=self._guard)
+                    self.inbox = await stack.enter_async_context(inbox.running())
                 self.host, self.mcp, self.manager = host, mcp, manager
                 try:
                     yield
                 finally:
-                    self.host = self.mcp = self.manager = None
+                    self.host = self.mcp = self.manager = self.inbox = None
 
     def starlette(self) -> Starlette:
         """A Starlette app with :meth:`routes` and :meth:`lifespan`."""
@@ -141,7 +193,8 @@ class ServeApp:
 
 
 def asgi_app(project: str | os.PathLike[str] = "agent_src", **options: Any) -> Starlette:
-    """The Starlette app ``toolhost serve --transport http`` runs: MCP at ``/mcp``.
+    """The Starlette app ``toolhost serve --transport http`` runs: MCP at ``/mcp``, the
+    approval inbox at ``/inbox/`` (``app.state.toolhost.inbox_url(base)`` is its URL).
 
     Options are those of :class:`ServeApp`; ``app.state.toolhost`` is the ``ServeApp``.
     Run it with any ASGI server whose lifespan support is on (uvicorn: asyncio only).
@@ -155,13 +208,29 @@ async def run_http(
     host: str = "127.0.0.1",
     port: int = 8000,
     on_ready: Any = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` with uvicorn (asyncio only) until interrupted.
 
-    The socket is bound first, so ``port=0`` picks a free port; ``on_ready(url)`` is
-    called with the MCP URL once the server accepts connections.
+    The socket is bound first, so ``port=0`` picks a free port; ``on_ready(base)`` is
+    called with the server's URL (``http://127.0.0.1:PORT``; MCP is at ``base + "/mcp"``)
+    once the server accepts connections. ``on_exit()`` is called
+    as the server starts to stop (``ServeApp.close_streams``: the inbox's event streams
+    end, so the server need not wait for them); by default, that of
+    ``app.state.toolhost`` when it is a ``ServeApp``.
     """
     import uvicorn
+
+    if on_exit is None:
+        serve = getattr(app.state, "toolhost", None)
+        if isinstance(serve, ServeApp):
+            on_exit = serve.close_streams
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if on_exit is not None:
+                on_exit()
+            super().handle_exit(sig, frame)
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -171,9 +240,9 @@ async def run_http(
     config = uvicorn.Config(
         app, lifespan="on", log_level="warning", timeout_graceful_shutdown=2, access_log=False
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{bound}/mcp"
+    url = f"http://{shown}:{bound}"
 
     async def announce() -> None:
         while not server.started:
