@@ -336,3 +336,30 @@ def test_a_call_of_another_host_process_is_approved_here(
             other.kill()
             other.communicate()
     wait_until(lambda: page.locator("li.request", has_text=other_host).count() == 0)
+
+
+def test_grants_and_the_audit_on_the_page(
+    served: ServedHost, browser: Any, contexts: list[Any]
+) -> None:
+    page = open_inbox(new_context(browser, contexts), served)
+    call = served.call("launch", "neptune")
+    item = page.locator("li.request", has_text='"neptune"')
+    item.get_by_role("button", name="Always approve").click()
+    assert call.result(timeout=60) == "launched neptune"
+    grant = page.locator("#grants tbody tr", has_text="neptune")
+    expect(grant).to_have_count(1)
+    expect(grant).to_contain_text("allow")
+    grant.get_by_role("button", name="Revoke").click()
+    expect(grant).to_have_count(0)
+    expect(page.locator("#no-grants")).to_be_visible()
+    denied = served.call("launch", "uranus")
+    page.locator("li.request", has_text='"uranus"').get_by_role("button", name="Deny").click()
+    with pytest.raises(NotApproved):
+        denied.result(timeout=60)
+    # The audit's filters: only denied launches.
+    page.locator("#audit-filter input[name=tool]").fill("launch")
+    page.locator("#audit-filter select[name=outcome]").select_option("denied")
+    rows = page.locator("#audit tbody tr")
+    expect(rows.first).to_contain_text("uranus")
+    expect(rows.locator(".outcome", has_text="ok")).to_have_count(0)
+    assert page.problems == []

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -225,12 +226,18 @@ async def test_http_command(project: Path) -> None:
         assert process.stderr is not None
         seen = b""
         with anyio.fail_after(60):
-            while b"/mcp\n" not in seen:
+            while b"/mcp\n" not in seen or not re.search(rb"token=\S+\n", seen):
                 seen += await process.stderr.receive()
         url = seen.decode().split("MCP at ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
         async with Client(url) as client:
             assert _structured(await client.call_tool("add", {"a": 1, "b": 2})) == {"result": 3}
+        # The approval inbox beside it: its URL carries the token a browser needs.
+        inbox = seen.decode().split("approval inbox at ", 1)[1].split()[0]
+        assert inbox.startswith(url.removesuffix("/mcp") + "/inbox/?token=")
+        async with httpx2.AsyncClient() as web:
+            assert (await web.get(inbox.split("?", 1)[0])).status_code == 401
+            assert (await web.get(inbox)).status_code == 200
         process.send_signal(signal.SIGINT)
         with anyio.fail_after(30):
             assert await process.wait() == 130  # interrupted, as any command
