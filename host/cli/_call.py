@@ -32,7 +32,9 @@ from host.settings import Caller
 from ._common import (
     Subparsers,
     UsageError,
+    add_approver_option,
     add_call_arguments,
+    approver_of,
     call_arguments,
     dumps,
     open_host,
@@ -44,7 +46,7 @@ __all__ = ["CALL_COMMANDS"]
 
 async def _call(args: argparse.Namespace) -> int:
     positional, named = call_arguments(args)
-    async with open_host(project_dir(args)) as host:
+    async with open_host(project_dir(args), approver=approver_of(args)) as host:
         try:
             value = await host.call(args.name, *positional, **named)
         except errors.CallError as exc:
@@ -180,7 +182,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"{path}:{exc.lineno}: syntax error: {exc.msg}", file=sys.stderr)
         return 2
     as_json: bool = args.json
-    async with open_host(project_dir(args)) as host:
+    async with open_host(project_dir(args), approver=approver_of(args)) as host:
         calls = _Calls(host) if as_json else None
         scope = _script_globals(host, path, calls)
         out = io.StringIO()
@@ -225,6 +227,7 @@ def _add_call(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     call = sub.add_parser("call", parents=[common], help="one mediated call (caller app)")
     call.add_argument("name", help="the tool name, e.g. add or kanban.add")
     add_call_arguments(call)
+    add_approver_option(call)
     call.set_defaults(handler=_call)
 
 
@@ -238,6 +241,7 @@ def _add_run(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "expression), stdout, calls, error, warnings.",
     )
     run.add_argument("script", metavar="SCRIPT.py")
+    add_approver_option(run)
     run.set_defaults(handler=_run)
 
 

@@ -13,13 +13,16 @@ import json
 import sys
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast
 
 from host._events import Event
 from host._host import Host
 from host.declare import default_project
+from host.policy import Approver, DenyAll, TerminalApprover
 
 __all__ = [
+    "add_approver_option",
+    "approver_of",
     "Subparsers",
     "UsageError",
     "dumps",
@@ -242,3 +245,30 @@ async def open_host(project: Path, **options: Any) -> AsyncGenerator[Host]:
             yield host
     finally:
         _Console.finish()
+
+
+def add_approver_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--approver",
+        choices=["terminal", "deny", "inbox"],
+        help="who answers escalations: the terminal, nobody (deny), or the approval inbox "
+        "(toolhost inbox, or toolhost serve --transport http, on this project); default: "
+        "the terminal when stdin is one, else deny",
+    )
+
+
+def approver_of(args: argparse.Namespace) -> Approver | Literal["inbox"] | None:
+    """The ``--approver`` asked for (None: the host's default)."""
+    choice = getattr(args, "approver", None)
+    if choice == "terminal":
+        return TerminalApprover()
+    if choice == "deny":
+        return DenyAll()
+    if choice == "inbox":
+        print(
+            "toolhost: escalations wait for an answer in the approval inbox "
+            "(toolhost inbox --project ... prints its URL)",
+            file=sys.stderr,
+        )
+        return "inbox"
+    return None

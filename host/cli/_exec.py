@@ -19,7 +19,15 @@ import anyio
 
 from host.capsules import CodeResult
 
-from ._common import Subparsers, UsageError, dumps, open_host, project_dir
+from ._common import (
+    Subparsers,
+    UsageError,
+    add_approver_option,
+    approver_of,
+    dumps,
+    open_host,
+    project_dir,
+)
 
 __all__ = ["EXEC_COMMANDS", "result_data"]
 
@@ -57,7 +65,7 @@ async def _source(args: argparse.Namespace) -> str:
 async def _exec(args: argparse.Namespace) -> int:
     source = await _source(args)
     project: Path = project_dir(args)
-    async with open_host(project) as host:
+    async with open_host(project, approver=approver_of(args)) as host:
         result = await host.run_code(source)
     if args.json:
         print(dumps(result_data(result)))
@@ -96,6 +104,7 @@ def _add_exec(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", dest="code", metavar="CODE", help="the code to run")
     source.add_argument("file", nargs="?", metavar="FILE", help="a file of code ('-': stdin)")
+    add_approver_option(parser)
     parser.set_defaults(handler=_exec)
 
 
