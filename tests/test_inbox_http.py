@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,13 @@ def _events_until(client: httpx2.Client, predicate: Any) -> dict[str, Any]:
     raise AssertionError("the stream ended")
 
 
+def _follow(client: httpx2.Client, lines: list[str]) -> None:
+    """Read the event stream until the server ends it."""
+    with client.stream("GET", "/inbox/events") as stream:
+        for line in stream.iter_lines():
+            lines.append(line)
+
+
 def test_grants_revoke_and_the_audit(served: ServedHost) -> None:
     client, good = signed_in(served)
     try:
@@ -246,11 +254,19 @@ def test_toolhost_inbox_answers_a_host_in_another_process(tmp_path: Path) -> Non
                 headers=good,
             )
             assert answer.json()["message"] == "approved once by carol (inbox)"
-        out, err = host.communicate(timeout=60)
-        assert out.strip() == "launched pluto", err
-        assert "escalations wait for an answer in the approval inbox" in err
-        inbox.send_signal(signal.SIGINT)
-        assert inbox.wait(timeout=30) == 130
+            out, err = host.communicate(timeout=60)
+            assert out.strip() == "launched pluto", err
+            assert "escalations wait for an answer in the approval inbox" in err
+            # Stopping with a page open: its event stream ends first, so the server
+            # need not cancel it at its graceful-shutdown timeout (with a traceback).
+            lines: list[str] = []
+            reader = threading.Thread(target=_follow, args=(client, lines), daemon=True)
+            reader.start()
+            wait_until(lambda: any(line.startswith("data: ") for line in lines))
+            inbox.send_signal(signal.SIGINT)
+            assert inbox.wait(timeout=30) == 130
+            reader.join(timeout=30)
+        assert "Traceback" not in inbox.stderr.read()
     finally:
         for process in (host, inbox):
             if process.poll() is None:
