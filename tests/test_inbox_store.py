@@ -110,7 +110,14 @@ async def test_first_answer_wins_once(tmp_path: Path) -> None:
         assert (await a.answer_pending("r2", PendingAnswer(True))).status == "expired"
         assert (await a.answer_pending("r3", PendingAnswer(True))).status == "not_offered"
         assert (await a.answer_pending("nope", PendingAnswer(True))).status == "gone"
-        assert await b.offer_pending("r3") is True
+        before = await b.get_pending("r3")
+        assert await b.offer_pending("r3", margin=1.0) is True
+        after = await a.get_pending("r3")
+        assert before is not None and after is not None and after.offered
+        # Answers are taken until the margin before the deadline: the host reads in time.
+        assert after.expires == pytest.approx(before.expires - 1.0)
+        assert await b.offer_pending("r3", margin=1.0) is True  # once only
+        assert (await a.get_pending("r3")) == after
         assert (await a.answer_pending("r3", PendingAnswer(True))).status == "answered"
         assert await a.offer_pending("nope") is False
     finally:

@@ -127,11 +127,17 @@ def select_all(conn: sqlite3.Connection) -> list[PendingApproval]:
     return [_row(row) for row in rows]
 
 
-def offer(conn: sqlite3.Connection, pending_id: str) -> bool:
+def offer(conn: sqlite3.Connection, pending_id: str, margin: float) -> bool:
     conn.execute("BEGIN IMMEDIATE")
-    cursor = conn.execute("UPDATE pending SET offered = 1 WHERE id = ?", (pending_id,))
+    cursor = conn.execute(
+        "UPDATE pending SET offered = 1, expires = expires - ? WHERE id = ? AND offered = 0",
+        (max(margin, 0.0), pending_id),
+    )
+    found = cursor.rowcount > 0 or (
+        conn.execute("SELECT 1 FROM pending WHERE id = ?", (pending_id,)).fetchone() is not None
+    )
     conn.execute("COMMIT")
-    return cursor.rowcount > 0
+    return found
 
 
 def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> AnswerResult:

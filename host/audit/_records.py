@@ -267,8 +267,10 @@ class Store(Protocol):
         """One pending approval, with its answer if it has one."""
         ...
 
-    async def offer_pending(self, pending_id: str) -> bool:
-        """Let people answer this request through the store; False if it is gone."""
+    async def offer_pending(self, pending_id: str, margin: float = 0.0) -> bool:
+        """Let people answer this request through the store, until ``margin`` seconds
+        before it expires (so that the waiting host reads an answer before it gives up);
+        False if it is gone."""
         ...
 
     async def answer_pending(self, pending_id: str, answer: PendingAnswer) -> AnswerResult:

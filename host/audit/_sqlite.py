@@ -502,9 +502,9 @@ class SQLiteStore:
 
         return await self._run(work)
 
-    async def offer_pending(self, pending_id: str) -> bool:
+    async def offer_pending(self, pending_id: str, margin: float = 0.0) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            return _pending.offer(conn, pending_id)
+            return _pending.offer(conn, pending_id, margin)
 
         offered = await self._run(work)
         self._changes.bump()

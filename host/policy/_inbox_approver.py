@@ -9,7 +9,9 @@ has an answer. The escalation timeout still bounds the wait: nobody answering de
 
 An answer given in this process wakes the approver at once; one given in another
 process is seen by reading the row again every ``poll`` seconds (SQLite cannot wake a
-reader in another process; a PostgreSQL store could with LISTEN/NOTIFY).
+reader in another process; a PostgreSQL store could with LISTEN/NOTIFY). So that an
+answer the inbox accepted is never one that came too late, the store takes answers until
+two reads (at most half the timeout) before the escalation's deadline.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ class InboxApprover:
 
     async def decide(self, request: ApprovalRequest) -> Approval:
         store = self.store
-        if not await store.offer_pending(request.id):
+        # Answers are taken until two reads before the deadline: one given in time is
+        # read in time (an answer the inbox accepted never meets a call that timed out).
+        margin = min(2 * self.poll, request.timeout / 2)
+        if not await store.offer_pending(request.id, margin):
             return _withdrawn(request)
         while True:
             seen = store.pending_version()
