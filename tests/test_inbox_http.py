@@ -133,6 +133,8 @@ def test_only_the_pages_own_posts_change_anything(served: ServedHost) -> None:
         assert form.status_code == 415  # what an HTML form can send is refused
         bad = client.post(url, json={"decision": "yes please"}, headers=good)
         assert bad.status_code == 400
+        huge = client.post(url, json={"decision": "deny", "comment": "x" * 20_000}, headers=good)
+        assert huge.status_code == 413
         unread = client.post(url, json={"decision": "approve_once"}, headers=good)
         assert unread.status_code == 400 and "warnings" in unread.json()["message"]
         assert [r.tool for r in served.run(served.serve.host.store.pending)] == ["launch"]  # type: ignore[union-attr]

@@ -58,6 +58,7 @@ _DECISIONS: Final[dict[str, tuple[bool, Literal["once", "session", "always"]]]] 
 MAX_COMMENT: Final = 2000
 MAX_NAME: Final = 80
 _AUDIT_WINDOW: Final = 500
+_MAX_BODY: Final = 16 * 1024
 _OUTCOMES: Final = frozenset(["started", "ok", "denied", "failed", "unknown"])
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -281,9 +282,14 @@ class Inbox:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > 16 * 1024:
+    declared = request.headers.get("content-length", "0")
+    if not declared.isdigit() or int(declared) > _MAX_BODY:
         raise Refused(413, "the request body is too large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > _MAX_BODY:
+            raise Refused(413, "the request body is too large")
     try:
         body: object = json.loads(raw or b"{}")
     except ValueError:
