@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import playwright.sync_api as playwright_sync  # in [test]: its absence is an error, not a skip
 import pytest
 
 from host import NotApproved
@@ -34,7 +35,6 @@ from .inbox_helpers import (
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
-playwright_sync = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
 expect = playwright_sync.expect
 expect.set_options(timeout=20_000)
 
