@@ -94,7 +94,7 @@ def open_inbox(context: Any, served: ServedHost) -> Any:
     return page
 
 
-def inject(served: ServedHost, pending_id: str, *, expires_in: float, tool: str = "launch") -> None:
+def inject(served: ServedHost, pending_id: str, *, expires_in: float, offered: bool = True) -> None:
     """A pending approval written straight to the store, as a host that waits would."""
     host = served.serve.host
     assert host is not None
@@ -107,12 +107,12 @@ def inject(served: ServedHost, pending_id: str, *, expires_in: float, tool: str 
         call_id=f"{host.host_id}.x{pending_id}",
         session="s-injected",
         caller="agent",
-        tool=tool,
+        tool="launch",
         rule="launches-need-ok",
         reason=None,
         args_sha256="0" * 64,
         rendered='target = "venus"',
-        offered=True,
+        offered=offered,
     )
     served.run(host.store.add_pending, row)
 
@@ -227,6 +227,25 @@ def test_an_expired_request_says_so(served: ServedHost, browser: Any, contexts: 
     row = pending_row(served, "expiring")
     assert row is not None and row.answer is None
     served.run(served.serve.host.store.remove_pending, "expiring")  # type: ignore[union-attr]
+
+
+def test_a_request_gets_its_buttons_when_its_host_waits_for_the_inbox(
+    served: ServedHost, browser: Any, contexts: list[Any]
+) -> None:
+    """A request is listed from the moment its host writes it; the buttons come when the
+    host's approver starts waiting for the inbox (it offers the request)."""
+    page = open_inbox(new_context(browser, contexts), served)
+    inject(served, "later", expires_in=120, offered=False)
+    item = page.locator('li.request[data-id="later"]')
+    expect(item.locator(".elsewhere")).to_contain_text("Asked on another channel")
+    expect(item.get_by_role("button")).to_have_count(0)
+    host = served.serve.host
+    assert host is not None
+    assert served.run(host.store.offer_pending, "later") is True
+    expect(item.get_by_role("button", name="Approve once")).to_be_visible()
+    expect(item.locator(".elsewhere")).to_have_count(0)
+    served.run(host.store.remove_pending, "later")
+    expect(item).to_have_count(0)
 
 
 EVIL_PAGE = """<!doctype html><html><body>

@@ -188,9 +188,19 @@
       }
     }
     for (const item of items) {
-      if (!shown.has(item.id)) {
+      const entry = shown.get(item.id);
+      if (entry === undefined) {
         const li = buildRequest(item);
         pendingEl.append(li);
+        shown.set(item.id, { li, item });
+      } else if (entry.item.offered !== item.offered || entry.item.expires !== item.expires) {
+        // The host started waiting for this inbox (buttons appear) or moved the deadline:
+        // build it again, keeping a comment already typed.
+        const li = buildRequest(item);
+        const typed = entry.li.querySelector("textarea[name=comment]");
+        const fresh = li.querySelector("textarea[name=comment]");
+        if (typed !== null && fresh !== null) fresh.value = typed.value;
+        entry.li.replaceWith(li);
         shown.set(item.id, { li, item });
       }
     }
