@@ -87,6 +87,9 @@ def open_inbox(context: Any, served: ServedHost) -> Any:
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on(
+        "response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None
+    )
     page.problems = problems
     assert page.goto(served.inbox_url).status == 200
     page.wait_for_url(f"{served.base}/inbox/")  # the token is gone from the address bar

@@ -44,6 +44,7 @@ _PAGE: Final = (_STATIC / "inbox.html").read_text(encoding="utf-8")
 _BOUNCE: Final = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="0;url=./">
+<link rel="icon" href="static/icon.svg" type="image/svg+xml">
 <title>Approval inbox</title></head>
 <body><p><a href="./">Continue to the approval inbox</a></p></body></html>
 """
@@ -318,7 +319,11 @@ def inbox_app(inbox: Inbox) -> Starlette:
         async with inbox.running():
             yield
 
+    async def no_icon(request: Request) -> Response:
+        del request
+        return Response(status_code=204)
+
     return Starlette(
-        routes=[Route("/", home), Mount("/inbox", app=inbox)],
+        routes=[Route("/", home), Route("/favicon.ico", no_icon), Mount("/inbox", app=inbox)],
         lifespan=lifespan,
     )
