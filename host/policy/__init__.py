@@ -28,10 +28,10 @@ from ._decide import policy_arguments as policy_arguments
 from ._files import Channel as Channel
 from ._files import PolicyConfig as PolicyConfig
 from ._files import load_policy as load_policy
+from ._inbox_approver import InboxApprover as InboxApprover
 from ._lint import PolicyWarning as PolicyWarning
 from ._lint import lint_policy as lint_policy
 from ._lint import missing_policy as missing_policy
-from ._inbox_approver import InboxApprover as InboxApprover
 from ._quotas import Quotas as Quotas
 from ._quotas import Reservation as Reservation
 
