@@ -15,6 +15,10 @@ rewrite the screen:
 
 Rendering time and size are bounded whatever the input: containers are cut after a few
 items and a few levels, long strings are only scanned by regular expressions.
+
+The :class:`Redactor` also serves what leaves the host as data or text, not for display:
+event fields, error messages, results for agent code (:meth:`Redactor.value`), and console
+output written in pieces (:class:`StreamRedactor`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+from capsule.protocol import encode
+
 __all__ = [
     "Rendered",
     "Redactor",
+    "StreamRedactor",
     "render_arguments",
     "summarize_arguments",
     "escape_text",
@@ -166,6 +173,10 @@ class Redactor:
         # Longest first, so a secret containing another is replaced whole.
         items = [(name, value) for name, value in (secrets or {}).items() if value]
         self._secrets = sorted(items, key=lambda item: -len(item[1]))
+        self._raw = [
+            (name, value.encode("utf-8", "surrogatepass")) for name, value in self._secrets
+        ]
+        self._markers = {f"⟨secret {name}⟩": name for name, _ in self._secrets}
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -173,9 +184,20 @@ class Redactor:
     def __repr__(self) -> str:  # names only, never values
         return f"<Redactor {[name for name, _ in self._secrets]}>"
 
-    def pieces(self, text: str) -> list[_Piece]:
-        """``text`` split into plain runs and secrets."""
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self._secrets)
+
+    def pieces(self, text: str, *, markers: bool = False) -> list[_Piece]:
+        """``text`` split into plain runs and secrets.
+
+        With ``markers``, a marker already in the text (``⟨secret NAME⟩`` for a known
+        name) is kept as that secret, so redacting twice changes nothing; the display
+        leaves this off, and escapes such brackets instead (no forged markers).
+        """
         pieces: list[_Piece] = [text]
+        if markers and "⟨secret " in text:
+            pieces = self._split_markers(text)
         for name, value in self._secrets:
             out: list[_Piece] = []
             for piece in pieces:
@@ -190,18 +212,157 @@ class Redactor:
             pieces = out
         return pieces
 
+    def _split_markers(self, text: str) -> list[_Piece]:
+        out: list[_Piece] = []
+        last = 0
+        for match in _MARKER.finditer(text):
+            name = self._markers.get(match.group())
+            if name is None:
+                continue
+            if match.start() > last:
+                out.append(text[last : match.start()])
+            out.append(_Secret(name))
+            last = match.end()
+        if last < len(text):
+            out.append(text[last:])
+        return out
+
     def text(self, text: str) -> str:
         """``text`` with secrets replaced (for plain text such as error messages)."""
-        return "".join(p.marker if isinstance(p, _Secret) else p for p in self.pieces(text))
+        if not self._secrets:
+            return text
+        pieces = self.pieces(text, markers=True)
+        return "".join(p.marker if isinstance(p, _Secret) else p for p in pieces)
 
     def data(self, data: bytes, found: set[str] | None = None) -> bytes:
-        for name, value in self._secrets:
-            raw = value.encode()
+        for name, raw in self._raw:
             if raw in data:
                 data = data.replace(raw, f"⟨secret {name}⟩".encode())
                 if found is not None:
                     found.add(name)
         return data
+
+    def value(self, value: Any) -> Any:
+        """Plain data with secrets replaced at any depth: in strings, bytes and dict keys.
+
+        The value itself comes back (nothing copied) when no secret occurs in it. A key
+        that becomes equal to another once redacted gets a ``#2`` (``#3``...) suffix, so
+        no entry is lost. Types other than plain data are kept as they are.
+        """
+        if not self._secrets:
+            return value
+        kind: object = type(value)  # pyright: ignore[reportUnknownVariableType]
+        if kind is str:
+            return self.text(value)
+        if kind is bytes:
+            return self.data(value)
+        if kind is not list and kind is not dict and kind is not tuple:
+            return value
+        if not self._occurs(value):
+            return value
+        return self._rebuild(value)
+
+    def _occurs(self, value: Any) -> bool:
+        """Whether a secret may occur in ``value`` (one encode, then byte searches)."""
+        try:
+            packed = encode(value)
+        except (TypeError, ValueError, OverflowError):  # not plain, or deeper than msgpack
+            return True
+        return any(raw in packed for _, raw in self._raw)
+
+    def _rebuild(self, value: Any) -> Any:
+        # An explicit stack, not recursion: values may be nested as deep as the wire lets.
+        root: list[Any] | dict[Any, Any] = {} if type(value) is dict else []
+        stack: list[tuple[Any, list[Any] | dict[Any, Any]]] = [(value, root)]
+        while stack:
+            source, target = stack.pop()
+            if isinstance(target, list):
+                for item in cast("list[Any]", source):
+                    target.append(self._child(item, stack))
+            else:
+                for key, item in cast("dict[Any, Any]", source).items():
+                    new_key = self.text(key) if type(key) is str else key
+                    if new_key in target:
+                        n = 2
+                        while f"{new_key}#{n}" in target:
+                            n += 1
+                        new_key = f"{new_key}#{n}"
+                    target[new_key] = self._child(item, stack)
+        return root
+
+    def _child(self, item: Any, stack: list[tuple[Any, list[Any] | dict[Any, Any]]]) -> Any:
+        kind: object = type(item)  # pyright: ignore[reportUnknownVariableType]
+        if kind is str:
+            return self.text(item)
+        if kind is bytes:
+            return self.data(item)
+        if kind is list or kind is tuple or kind is dict:
+            shell: list[Any] | dict[Any, Any] = {} if kind is dict else []
+            stack.append((item, shell))
+            return shell
+        return item
+
+    def stream(self) -> StreamRedactor:
+        """A redactor for one stream of text written in pieces (console output)."""
+        return StreamRedactor(self)
+
+
+_MARKER: Final = re.compile(r"⟨secret [^⟩\n]{1,200}⟩")
+
+
+class StreamRedactor:
+    """Redacts text that arrives in pieces, so a secret split across writes is still found.
+
+    :meth:`feed` returns what may be shown now: the text so far with secrets replaced,
+    less its end when that end could be the start of a secret (``sk-`` of ``sk-123``),
+    which is held back until the next piece shows whether it is. :meth:`flush` returns
+    what is held when the stream ends. Text is thus delayed, never shown raw: output that
+    stops in the middle of what could be a secret waits for more output, or the end.
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+        self._held = ""
+
+    @property
+    def held(self) -> int:
+        """Characters held back."""
+        return len(self._held)
+
+    def feed(self, text: str) -> str:
+        redactor = self._redactor
+        if not redactor:
+            return text
+        text = self._held + text
+        self._held = ""
+        pieces = redactor.pieces(text, markers=True)
+        if pieces and isinstance(pieces[-1], str):
+            last = pieces[-1]
+            keep = _partial_secret(last, redactor._secrets)  # pyright: ignore[reportPrivateUsage]
+            if keep:
+                self._held = last[-keep:]
+                pieces[-1] = last[:-keep]
+        return "".join(p.marker if isinstance(p, _Secret) else p for p in pieces)
+
+    def flush(self) -> str:
+        """What is held back (the stream ended: it was not a secret after all)."""
+        held, self._held = self._held, ""
+        return self._redactor.text(held)
+
+
+def _partial_secret(text: str, secrets: list[tuple[str, str]]) -> int:
+    """The length of the longest end of ``text`` that begins some secret (but is not all of it)."""
+    best = 0
+    for _, value in secrets:
+        start = max(0, len(text) - (len(value) - 1))
+        first = value[0]
+        i = text.find(first, start)
+        while i != -1 and len(text) - i > best:
+            if value.startswith(text[i:]):
+                best = len(text) - i
+                break
+            i = text.find(first, i + 1)
+    return best
 
 
 def _length(pieces: list[_Piece]) -> int:

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ._display import Redactor
 from ._events import EventBus
 from ._mediator import Caller, Mediator
 from .audit import SQLiteStore, Store, StoreUnavailable
@@ -141,6 +142,26 @@ def _tree(call: CallAs, tools: Mapping[str, ToolSpec], caller: Caller) -> Namesp
     )
 
 
+def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResult:
+    """A ``run_code`` result with secrets replaced: in the error always, in the value,
+    output and warnings when ``results`` (what the guest printed may echo what it got)."""
+    update: dict[str, Any] = {}
+    if result.error is not None:
+        error = result.error
+        update["error"] = error.model_copy(
+            update={
+                "message": redactor.text(error.message),
+                "traceback": redactor.text(error.traceback),
+                "type": redactor.text(error.type),
+            }
+        )
+    if results:
+        update["value"] = redactor.value(result.value)
+        update["stdout"] = redactor.text(result.stdout)
+        update["warnings"] = [redactor.text(w) for w in result.warnings]
+    return result.model_copy(update=update)
+
+
 class Session:
     """One agent conversation: its own tool capsule and its own module state."""
 
@@ -178,9 +199,16 @@ class Session:
     async def run_code(self, source: str) -> CodeResult:
         """Run agent code in this session's sandbox; its tool calls are made as ``agent``.
 
-        Variables and imports persist between runs; failures are in the result.
+        Variables and imports persist between runs; failures are in the result. The
+        result goes back to the agent: the values of ``[env] secret`` variables are
+        replaced in its error always, and in its value and output as ``[env]
+        redact_results`` says.
         """
-        return await self.code.run(source)
+        result = await self.code.run(source)
+        mediator = self._host.mediator
+        if not mediator.redactor:
+            return result
+        return _redacted(result, mediator.redactor, mediator.redacts_results("agent"))
 
     async def reset_code(self) -> None:
         """Start the code sandbox afresh: the next run has no variables or imports."""
@@ -201,7 +229,8 @@ class Session:
     @property
     def failed_files(self) -> Mapping[str, str]:
         """Tool files that failed to load in this session's capsule, with the reason."""
-        return dict(self.supervisor.failed_files)
+        redact = self._host.mediator.redact
+        return {file: redact(reason) for file, reason in self.supervisor.failed_files.items()}
 
 
 class Host:
@@ -225,7 +254,8 @@ class Host:
         self.scope = scope
         """The declarations: ``scope.render_model()`` is what the model is told it can call."""
         self.config = config
-        self.events = EventBus()
+        self.events = EventBus(redactor=Redactor(config.env.secret_values(os.environ)))
+        """Every event, with the values of ``[env] secret`` variables replaced."""
         self.host_id = uuid.uuid4().hex[:12]
         """This host's id in the audit trail (each call id starts with it)."""
         self.store = store

@@ -10,6 +10,11 @@ durably, and only then dispatches those same bytes to the session's capsule; the
 is audited after. A call refused anywhere before dispatch never reaches a capsule and
 gets one terminal audit record. If the audit cannot be written, the call is refused
 (fail closed).
+
+What leaves the gate is redacted: every error it raises has the values of ``[env] secret``
+variables replaced by ``⟨secret NAME⟩`` (for every caller), and so does every result for
+the callers ``[env] redact_results`` names (``agent`` by default: agent code and MCP
+clients), read from the policy version the call was decided against.
 """
 
 from __future__ import annotations
@@ -99,13 +104,8 @@ class Mediator:
         """Checks bound arguments against each tool's input schema (compiled once per tool)."""
         self.quotas = Quotas()
         self.escalations = Escalations(approver, store, events, host_id)
-        env = config.env
-        self._redactor = Redactor(
-            {
-                name: value
-                for name in env.secret
-                if (value := env.set.get(name, os.environ.get(name, "")))
-            }
+        self._redactor = (
+            events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
         )
 
     @property
@@ -126,6 +126,35 @@ class Mediator:
     def redact(self, text: str) -> str:
         """``text`` with the values of ``[env] secret`` variables replaced."""
         return self._redactor.text(text)
+
+    @property
+    def redactor(self) -> Redactor:
+        """Replaces the values of ``[env] secret`` variables (by ``⟨secret NAME⟩``)."""
+        return self._redactor
+
+    def redacts_results(self, caller: Caller, policy: Policy | None = None) -> bool:
+        """Whether results for ``caller`` are redacted (``[env] redact_results`` of
+        ``policy``, by default the one in force)."""
+        if not self._redactor:
+            return False
+        mode = (policy or self.policy.current()).config.env.redact_results
+        return mode == "all" or (mode == "agent" and caller == "agent")
+
+    def _redact_error(self, exc: HostError) -> None:
+        """Replace secrets in the error's message and fields, in place (and in the host
+        errors it was raised from), before it leaves the gate toward any caller."""
+        redact = self._redactor.text
+        current: BaseException | None = exc
+        for _ in range(8):  # a chain is short; a loop in it ends here
+            if current is None:
+                break
+            if isinstance(current, HostError):
+                fields = vars(current)
+                for name, value in list(fields.items()):
+                    if type(value) is str:
+                        fields[name] = redact(value)
+                current.args = tuple(redact(a) if type(a) is str else a for a in current.args)
+            current = current.__cause__ or current.__context__
 
     def forget_session(self, session: str) -> None:
         """Drop a closed session's quotas and remembered answers."""
@@ -174,6 +203,22 @@ class Mediator:
         caller: Caller,
     ) -> Any:
         """One mediated call, from name to value."""
+        try:
+            return await self._call(supervisor, session, name, args, kwargs, caller)
+        except HostError as exc:
+            if self._redactor:
+                self._redact_error(exc)
+            raise
+
+    async def _call(
+        self,
+        supervisor: Supervisor,
+        session: str,
+        name: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        caller: Caller,
+    ) -> Any:
         number = next(self._ids)
         call_id = f"{self.host_id}.{number}"
         started = time.time()
@@ -227,6 +272,8 @@ class Mediator:
             await self._finish(record, exc)
             raise
         await self._finish(record, None)
+        if self.redacts_results(caller, policy):
+            value = self._redactor.value(value)
         return value
 
     async def _admit(

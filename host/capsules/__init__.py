@@ -5,7 +5,8 @@ hot path, process ownership (start, harden, kill a whole tree), the subprocess a
 tool capsules, the supervisor (timeouts, crashes, restarts), the Wasm runtime and its
 child process and fork server, and the code sandbox (``run_code``).
 
-May import ``settings``, ``declare``, the root helpers ``_binding`` and ``_events``, and
+May import ``settings``, ``declare``, the root helpers ``_binding``, ``_events`` and
+``_display`` (redacting console output), and
 ``capsule.protocol`` (the wire). Never imports ``policy``, ``audit`` or ``cli``: a
 capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path in its own
 process and imports nothing of the host. What other wings may use is listed below.

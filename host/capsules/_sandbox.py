@@ -275,6 +275,7 @@ class CodeSandbox:
         stream = guest.process.stderr
         assert stream is not None
         budget = 1024 * 1024
+        redactor = self._events.redactor.stream()  # a secret may come in two pieces
         try:
             with contextlib.suppress(
                 anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
@@ -285,14 +286,9 @@ class CodeSandbox:
                     del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
                     if budget > 0:
                         budget -= len(data)
-                        self._events.emit(
-                            "console",
-                            self._session,
-                            stream="stderr",
-                            data=data.decode("utf-8", "replace"),
-                            capsule="sandbox",
-                        )
+                        self._console(redactor.feed(data.decode("utf-8", "replace")))
         finally:
+            self._console(redactor.flush())
             # Also when the host's task group is cancelled: never leave the child running
             # or its pipes to the garbage collector.
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -303,6 +299,12 @@ class CodeSandbox:
                 ):
                     await guest.process.aclose()
             guest.exited.set()
+
+    def _console(self, text: str) -> None:
+        if text:
+            self._events.emit(
+                "console", self._session, stream="stderr", data=text, capsule="sandbox"
+            )
 
     async def _discard(self, reason: str) -> None:
         guest, self._guest = self._guest, None

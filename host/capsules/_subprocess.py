@@ -5,7 +5,9 @@ tool code, and speaks frames on its stdin/stdout pipes. Its stderr (logging, tra
 printed by tools) is drained all the time into console events. Console output of both
 streams (stderr, and the ``console`` frames that carry what tools wrote to fd 1) passes one
 token bucket per capsule, enforced here in the host because the capsule is not trusted to
-limit itself, so a flood can neither block the child nor grow the host's memory.
+limit itself, so a flood can neither block the child nor grow the host's memory. Each
+stream is redacted as one text (a secret written in two pieces is still replaced), before
+the event bus redacts every event again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import anyio.abc
 
 import capsule
 from capsule.protocol import BadFrame
+from host._display import StreamRedactor
 from host._events import Event, EventBus
 from host.errors import CapsuleCrashed
 
@@ -129,6 +132,7 @@ class _ConsoleGate(EventBus):
         self._burst = 0
         self._total = 0
         self._session: str | None = None
+        self._redactors: dict[str, StreamRedactor] = {}
 
     def emit(self, kind: str, session: str | None = None, **data: Any) -> Event:
         if kind != "console":
@@ -138,7 +142,27 @@ class _ConsoleGate(EventBus):
         text = data.get("data")
         if not isinstance(text, str) or stream not in self._streams:
             return self._events.emit(kind, session, **data)
+        text = self._redact(stream, text)
+        if not text:  # all of it held back: it may be the start of a secret
+            return Event(kind, session, {"stream": stream, "data": ""})
         return self._console(session, stream, text)
+
+    def _redact(self, stream: str, text: str) -> str:
+        """``text`` with the stream's secrets replaced, less what may begin one."""
+        if not self._events.redactor:
+            return text
+        redactor = self._redactors.get(stream)
+        if redactor is None:
+            redactor = self._redactors[stream] = self._events.redactor.stream()
+        return redactor.feed(text)
+
+    def end(self, session: str | None, stream: str) -> None:
+        """The stream ended: show what was held back (it was not a secret)."""
+        redactor = self._redactors.pop(stream, None)
+        held = redactor.flush() if redactor is not None else ""
+        if held:
+            self._console(session, stream, held)
+            self.flush()
 
     def _console(self, session: str | None, name: str, text: str) -> Event:
         state = self._streams[name]
@@ -309,6 +333,15 @@ class SubprocessTransport:
             if text:
                 self._gate.emit("console", self._session, stream="stderr", data=text)
 
+    async def _drain_stderr_then_flush(self) -> None:
+        try:
+            await self._drain_stderr()
+        finally:
+            self._flush("stderr")
+
+    def _flush(self, stream: str) -> None:
+        self._gate.end(self._session, stream)
+
     async def _watch(self) -> None:
         await self._process.wait()
         why = self._killed or self.exit_reason()
@@ -328,7 +361,7 @@ class SubprocessTransport:
         try:
             with self._scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._drain_stderr)
+                    tg.start_soon(self._drain_stderr_then_flush)
                     tg.start_soon(self._watch)
                     task_status.started()
                     await self.serving.wait()  # the load phase reads the pipe until then
@@ -337,6 +370,7 @@ class SubprocessTransport:
                         await self._exited.wait()
                     tg.cancel_scope.cancel()
         finally:
+            self._flush("stdout")  # no console frame comes after the connection's end
             # Also when the host's task group is cancelled while closing: a pipe left open
             # here is closed by the garbage collector after the event loop has ended,
             # which raises inside asyncio. aclose() closes the pipe transports too.

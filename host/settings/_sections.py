@@ -7,6 +7,7 @@ the audit read them too, so they live below both: a capsule never imports the po
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal, cast
 
@@ -74,6 +75,20 @@ class EnvConfig(_Model):
     """Variables whose values are never shown in approvals, audit or logs."""
     set: dict[str, str] = Field(default_factory=dict[str, str])
     """Fixed values to set in the tool capsules."""
+    redact_results: Literal["agent", "all", "none"] = "agent"
+    """Whose results have the values of ``secret`` variables replaced by ``⟨secret NAME⟩``:
+    calls by ``agent`` code (the default), by every caller, or nobody's. Errors and events
+    are redacted whatever this says."""
+
+    def secret_values(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The value of each ``secret`` variable as the tool capsules see it: from ``set``,
+        else from ``environ`` (the host's environment); empty values are left out."""
+        values: dict[str, str] = {}
+        for name in self.secret:
+            value = self.set.get(name, environ.get(name, ""))
+            if value:
+                values[name] = value
+        return values
 
 
 _OWN_FOLDERS = ("tools", "src/tools", "policies", "hooks", "src/hooks", ".agent")
