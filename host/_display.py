@@ -14,7 +14,9 @@ rewrite the screen:
   brackets are escaped wherever a value itself contains them, so no marker is forged.
 
 Rendering time and size are bounded whatever the input: containers are cut after a few
-items and a few levels, long strings are only scanned by regular expressions.
+items and a few levels, long strings are only scanned by regular expressions. Whatever is
+cut is a warning (``not everything is shown: ...``), so an approver is never shown less
+than they approve without being told; :func:`render_full` shows everything, uncut.
 
 The :class:`Redactor` also serves what leaves the host as data or text, not for display:
 event fields, error messages, results for agent code (:meth:`Redactor.value`), and console
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -36,6 +38,7 @@ __all__ = [
     "Redactor",
     "StreamRedactor",
     "render_arguments",
+    "render_full",
     "summarize_arguments",
     "escape_text",
     "quote_text",
@@ -53,6 +56,8 @@ _RUN: Final = re.compile(r" {8,}|\t{4,}")
 _PADDING: Final = re.compile(r"[ \t]{64,}")
 _URL_HOST: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://(?:[^/@\s]*@)?([^/:?#\s]+)")
 _TIMES: Final = "\u00d7"
+_NOT_ALL: Final = "not everything is shown: "
+"""How every warning about a cut in the rendering begins."""
 
 
 def _char_escape(ch: str) -> str | None:
@@ -402,6 +407,9 @@ class Rendered:
 
     text: str
     warnings: tuple[str, ...] = ()
+    elided: bool = False
+    """Part of the arguments is not in ``text`` (each cut is also a warning): show
+    :func:`render_full` before trusting it."""
 
 
 class _Renderer:
@@ -412,6 +420,19 @@ class _Renderer:
         self.max_depth = max_depth
         self.warnings: set[str] = set()
         self.secrets: set[str] = set()
+        self.elided = False
+
+    def elide(self, what: str) -> None:
+        self.elided = True
+        self.warnings.add(f"{_NOT_ALL}{what}")
+
+    @property
+    def too_deep(self) -> str:
+        return f"what is nested more than {self.max_depth} levels deep is hidden"
+
+    @property
+    def too_long(self) -> str:
+        return f"lists and dicts are cut after {self.max_items} entries"
 
     def string(self, value: str) -> str:
         _warn_chars(value, self.warnings)
@@ -429,7 +450,7 @@ class _Renderer:
             if isinstance(piece, str):
                 _warn_lookalikes(piece, self.warnings)
         hidden = total - _length(head) - _length(tail)
-        self.warnings.add("a long value is shown in part: ask for the full view if in doubt")
+        self.elide(f"strings longer than {self.max_str:,} chars are shown in part (head and tail)")
         return (
             f'⟨str, {len(value):,} chars⟩ "{_show(head)}" '
             f'⟨… {hidden:,} chars not shown …⟩ "{_show(tail)}"'
@@ -440,6 +461,7 @@ class _Renderer:
         if len(value) <= self.max_str:
             return f'b"{_escape_bytes(value)}"'
         head, tail = value[: self.max_str * 2 // 3], value[-(self.max_str // 3) :]
+        self.elide(f"bytes values over {self.max_str:,} bytes are shown in part (head and tail)")
         return (
             f'⟨bytes, {len(value):,} bytes⟩ b"{_escape_bytes(head)}" '
             f"⟨… {len(value) - len(head) - len(tail):,} bytes not shown …⟩ "
@@ -456,20 +478,24 @@ class _Renderer:
         if type(value) is list:
             items = cast("list[Any]", value)
             if depth >= self.max_depth:
+                self.elide(self.too_deep)
                 return f"⟨list of {len(items):,} items⟩"
             shown = [self.value(v, depth + 1) for v in items[: self.max_items]]
             if len(items) > self.max_items:
+                self.elide(self.too_long)
                 shown.append(f"⟨… {len(items) - self.max_items:,} more items⟩")
             return "[" + ", ".join(shown) + "]"
         if type(value) is dict:
             table = cast("dict[str, Any]", value)
             if depth >= self.max_depth:
+                self.elide(self.too_deep)
                 return f"⟨dict of {len(table):,} keys⟩"
             shown = [
                 f"{self.string(str(k))}: {self.value(v, depth + 1)}"
                 for k, v in list(table.items())[: self.max_items]
             ]
             if len(table) > self.max_items:
+                self.elide(self.too_long)
                 shown.append(f"⟨… {len(table) - self.max_items:,} more keys⟩")
             return "{" + ", ".join(shown) + "}"
         return f"⟨{escape_text(type(value).__name__)}⟩"  # not plain data: never bound
@@ -500,9 +526,69 @@ def render_arguments(
     """One ``name = value`` line per bound argument, escaped, bounded and redacted."""
     renderer = _Renderer(redactor or Redactor(), max_str, max_items, max_depth)
     lines = [f"{escape_text(name)} = {renderer.value(value)}" for name, value in arguments.items()]
-    warnings = sorted(renderer.warnings)
+    # What was cut comes first: it changes how far the rest of the view can be trusted.
+    warnings = sorted(renderer.warnings, key=lambda w: (not w.startswith(_NOT_ALL), w))
     warnings.extend(f"contains the value of the secret {name}" for name in sorted(renderer.secrets))
-    return Rendered("\n".join(lines) or "(no arguments)", tuple(warnings))
+    return Rendered("\n".join(lines) or "(no arguments)", tuple(warnings), renderer.elided)
+
+
+def render_full(arguments: Mapping[str, Any], *, redactor: Redactor | None = None) -> str:
+    """Every bound argument in full, one item per line, escaped and redacted: nothing cut.
+
+    What :func:`render_arguments` shows in part is here whole (long strings, every item,
+    every level), so it can be long: page it. Runs of padding are still written as a
+    count (``⟨5000 x SP⟩``, with a times sign), which hides nothing.
+    """
+    r = redactor or Redactor()
+    lines: list[str] = []
+    for name, value in arguments.items():
+        _full_lines(lines, f"{escape_text(name)} = ", value, r)
+    return "\n".join(lines) or "(no arguments)"
+
+
+def _full_scalar(value: Any, redactor: Redactor) -> str:
+    if value is None or type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) is str:
+        return f'"{_show(redactor.pieces(value))}"'
+    if type(value) is bytes:
+        return f'b"{_escape_bytes(redactor.data(value))}"'
+    return f"⟨{escape_text(type(value).__name__)}⟩"
+
+
+_Frame = tuple[Iterator[tuple[str, Any]], str, str]
+"""(the entries left, as (label, item); their indent; the closing bracket)."""
+
+
+def _full_lines(lines: list[str], head: str, value: Any, redactor: Redactor) -> None:
+    # An explicit stack, not recursion: arguments may be nested as deep as the wire lets.
+    stack: list[_Frame] = []
+
+    def begin(label: str, item: Any, indent: str, comma: str) -> None:
+        kind: object = type(item)  # pyright: ignore[reportUnknownVariableType]
+        if (kind is list or kind is tuple) and item:
+            lines.append(f"{indent}{label}[")
+            entries = (("", v) for v in cast("list[Any]", item))
+            stack.append((iter(entries), indent + "  ", "]" + comma))
+        elif kind is dict and item:
+            lines.append(f"{indent}{label}{{")
+            table = cast("dict[Any, Any]", item)
+            keyed = ((f"{_full_scalar(str(k), redactor)}: ", v) for k, v in table.items())
+            stack.append((iter(keyed), indent + "  ", "}" + comma))
+        elif kind is list or kind is tuple or kind is dict:
+            lines.append(f"{indent}{label}{'{}' if kind is dict else '[]'}{comma}")
+        else:
+            lines.append(f"{indent}{label}{_full_scalar(item, redactor)}{comma}")
+
+    begin(head, value, "", "")
+    while stack:
+        entries, indent, closing = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            lines.append(f"{indent[:-2]}{closing}")
+            continue
+        begin(entry[0], entry[1], indent, ",")
 
 
 def quote_text(text: str, *, redactor: Redactor | None = None, limit: int = 1000) -> str:

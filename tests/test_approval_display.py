@@ -90,8 +90,13 @@ def test_containers_are_bounded() -> None:
     rendered = render_arguments({"items": list(range(10_000)), "deep": [[[[[[[[1]]]]]]]]})
     assert "⟨… 9,980 more items⟩" in rendered.text
     assert "⟨list of 1 items⟩" in rendered.text
+    assert rendered.elided and rendered.warnings == (  # each cut is a warning, listed first
+        "not everything is shown: lists and dicts are cut after 20 entries",
+        "not everything is shown: what is nested more than 6 levels deep is hidden",
+    )
     table = render_arguments({"d": {f"k{i}": i for i in range(50)}})
     assert "⟨… 30 more keys⟩" in table.text
+    assert table.elided and len(table.warnings) == 1
 
 
 def test_bytes_are_escaped() -> None:
@@ -229,6 +234,8 @@ def test_the_terminal_prompt(answer: str, allow: bool, remember: str, scope: str
     for text in ("kanban.close", "close-needs-ok", "visible to the whole team", 'task_id = "x"'):
         assert text in shown
     assert "[y] allow once" in shown and "[d] always deny" in shown
+    assert "[f] show the arguments in full" in shown
+    assert "NOT EVERYTHING IS SHOWN" not in shown  # nothing was cut
 
 
 def test_warnings_need_a_typed_confirmation() -> None:

@@ -42,7 +42,14 @@ import anyio
 
 from capsule.protocol import decode
 from host._binding import BoundCall
-from host._display import Redactor, escape_text, quote_text, render_arguments, summarize_arguments
+from host._display import (
+    Redactor,
+    escape_text,
+    quote_text,
+    render_arguments,
+    render_full,
+    summarize_arguments,
+)
 from host._events import EventBus
 from host.audit import Grant, PendingApproval, Store
 from host.errors import LimitExceeded, NotApproved
@@ -128,6 +135,16 @@ class ApprovalRequest:
     """The channels whose allow counts (the rule's ``approvers``); None: any."""
     description: str | None = None
     """The tool's description (the first paragraph of its docstring)."""
+    elided: bool = False
+    """``rendered`` leaves part of the arguments out (each cut is one of the ``warnings``):
+    an approver should offer :meth:`full_text` before it takes an allow."""
+    redactor: Redactor | None = field(default=None, repr=False, compare=False)
+    """Replaces secrets in :meth:`full_text` (the host's; None: no secrets)."""
+
+    def full_text(self) -> str:
+        """The arguments in full, one item per line, escaped, secrets replaced: nothing
+        is cut, so it can be long (page it). Built when asked, not before."""
+        return render_full(self.arguments, redactor=self.redactor)
 
     def allow(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
         """An allow that counts for this request only."""
@@ -337,6 +354,8 @@ class Escalations:
             timeout=e.timeout,
             approvers=e.approvers,
             description=e.description,
+            elided=rendered.elided,
+            redactor=e.redactor,
         )
         now = time.time()
         await self._store.add_pending(
@@ -366,6 +385,7 @@ class Escalations:
             rule=e.rule,
             request_id=request.id,
             warnings=list(rendered.warnings),
+            elided=rendered.elided,
         )
         try:
             approval = await self._answer(request, e)

@@ -47,22 +47,37 @@ _CHOICES: dict[str, tuple[str, Approval]] = {
 }
 
 
+_FULL = "f"
+"""The key that shows the arguments in full."""
+
+
 class TerminalApprover:
     """Asks the person at the terminal, one request at a time (the default on a tty).
 
     The prompt goes to stderr (or ``console``) and the answer is read from stdin (or
     ``stdin``); end of input denies. When the arguments carry warnings, an allow must be
-    confirmed by typing ``yes``.
+    confirmed by typing ``yes``; a view that leaves part of the arguments out is such a
+    warning, and says so above the arguments. ``f`` shows them in full, ``page_lines``
+    lines (of at most ``line_chars`` characters) at a time.
     """
 
     channel: Channel = "terminal"
 
-    def __init__(self, *, console: Any = None, stdin: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        console: Any = None,
+        stdin: IO[str] | None = None,
+        page_lines: int = 40,
+        line_chars: int = 400,
+    ) -> None:
         from rich.console import Console  # only when a terminal approver is made
 
         self._console: Any = console if console is not None else Console(stderr=True)
         self._stdin = stdin
         self._lock: anyio.Lock | None = None
+        self._page_lines = max(1, page_lines)
+        self._line_chars = max(20, line_chars)
 
     def __repr__(self) -> str:
         return "<TerminalApprover>"
@@ -112,6 +127,13 @@ class TerminalApprover:
             head.add_row("why", Text(request.reason))
         head.add_row("waits", Text(f"{request.timeout:g} s, then the call is denied"))
         body = Table.grid()
+        if request.elided:
+            body.add_row(
+                Text(
+                    f"NOT EVERYTHING IS SHOWN BELOW: press {_FULL} to see all the arguments",
+                    style="bold reverse red",
+                )
+            )
         body.add_row(head)
         body.add_row(Text("\narguments, exactly as the tool will receive them:", style="bold"))
         body.add_row(Text(request.rendered))
@@ -122,6 +144,7 @@ class TerminalApprover:
         console = self._console
         console.print(Panel(body, title="approval needed", border_style="yellow"))
         menu = "  ".join(f"[{key}] {label}" for key, (label, _) in _CHOICES.items())
+        menu += f"  [{_FULL}] show the arguments in full"
         while True:
             console.print(Text(menu))
             console.print(Text("answer: "), end="")
@@ -132,7 +155,11 @@ class TerminalApprover:
             if line is None:
                 console.print(Text("(no input: denied)"))
                 return Approval(False, note="the terminal closed")
-            choice = _CHOICES.get(line.strip().lower()[:1])
+            key = line.strip().lower()[:1]
+            if key == _FULL:
+                self._show_full(request, cancelled)
+                continue
+            choice = _CHOICES.get(key)
             if choice is None:
                 continue
             approval = choice[1]
@@ -143,6 +170,28 @@ class TerminalApprover:
                     console.print(Text("not confirmed: denied"))
                     return Approval(False, note="an allow was not confirmed")
             return Approval(approval.allow, approval.remember, approval.scope, request.id)
+
+    def _show_full(self, request: ApprovalRequest, cancelled: threading.Event | None) -> None:
+        """Page the full arguments: Enter for the next page, ``q`` back to the answer."""
+        from rich.text import Text
+
+        console = self._console
+        console.print(Text(f"all the arguments of {request.tool} ({request.size:,} bytes):"))
+        width = self._line_chars
+        shown = 0
+        for line in request.full_text().splitlines():
+            # A long line is cut into pieces, each marked as the rest of the one before.
+            pieces = [line[i : i + width] for i in range(0, len(line), width)] or [""]
+            for n, piece in enumerate(pieces):
+                if shown and shown % self._page_lines == 0:
+                    console.print(Text("-- more: Enter for the next page, q to stop --"), end="")
+                    answer = self._readline(cancelled)
+                    if answer is None or answer.strip().lower().startswith("q"):
+                        console.print(Text("(the rest is not shown)"))
+                        return
+                console.print(Text(("⟨…⟩ " if n else "") + piece), soft_wrap=True)
+                shown += 1
+        console.print(Text("-- end of the arguments --"))
 
 
 def default_approver() -> Approver:
