@@ -89,6 +89,14 @@ DESK_TOOLS = {
 marker path comes from ``DESK_MARKER`` (passed to subprocess capsules by the policy)."""
 
 
+CAPSULES = [
+    pytest.param(in_process(), id="twin"),
+    pytest.param(None, id="subprocess", marks=pytest.mark.subprocess),
+]
+"""The in-process twin, and a real capsule process: a refused call must run nothing in
+either (the twin alone would not show a capsule that ran something on its own)."""
+
+
 class Desk:
     """A project whose tools write to a marker file, and helpers to inspect it."""
 
@@ -163,9 +171,10 @@ async def test_approve_runs_the_call_once(desk: Callable[..., Desk]) -> None:
     assert d.ran() == [{"launch": "mars"}]
 
 
-async def test_deny_does_not_run(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_deny_does_not_run(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk()
-    async with d.open(Recorder(False)) as host:
+    async with d.open(Recorder(False), capsule=capsule) as host:
         with pytest.raises(NotApproved) as info:
             await host.call("launch", "mars")
         assert info.value.reason == "denied"
@@ -188,14 +197,15 @@ async def test_a_note_from_the_approver_reaches_the_caller(desk: Callable[..., D
     assert d.ran() == []
 
 
-async def test_no_answer_in_time_is_a_timeout(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_no_answer_in_time_is_a_timeout(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk(timeout="0.3s")
 
     async def slow(request: ApprovalRequest) -> bool:
         await anyio.sleep(30)  # would approve, far too late
         return True
 
-    async with d.open(slow) as host:
+    async with d.open(slow, capsule=capsule) as host:
         with pytest.raises(NotApproved) as info:
             await host.call("launch")
         assert info.value.reason == "timeout"
@@ -220,13 +230,14 @@ async def test_a_hanging_approver_denies(desk: Callable[..., Desk]) -> None:
     assert d.ran() == []
 
 
-async def test_a_raising_approver_denies(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_a_raising_approver_denies(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk()
 
     async def broken(request: ApprovalRequest) -> bool:
         raise RuntimeError("the approval service is down")
 
-    async with d.open(broken) as host:
+    async with d.open(broken, capsule=capsule) as host:
         with pytest.raises(NotApproved) as info:
             await host.call("launch")
         assert info.value.reason == "approver_failed"
@@ -261,9 +272,10 @@ async def test_an_approver_object_with_decide(desk: Callable[..., Desk]) -> None
     assert approver.seen == ["launch"]
 
 
-async def test_the_headless_default_denies_all(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_the_headless_default_denies_all(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk()
-    async with d.open() as host:  # stdin is not a terminal under pytest
+    async with d.open(capsule=capsule) as host:  # stdin is not a terminal under pytest
         assert isinstance(host.mediator.escalations.approver, DenyAll)
         with pytest.raises(NotApproved) as info:
             await host.call("launch")
@@ -272,10 +284,16 @@ async def test_the_headless_default_denies_all(desk: Callable[..., Desk]) -> Non
     assert d.ran() == []
 
 
-async def test_a_denied_rule_never_reaches_the_approver(desk: Callable[..., Desk]) -> None:
-    d = desk(policy='version = 1\n[[rules]]\ntools = ["**"]\ndecision = "deny"\n')
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_a_denied_rule_never_reaches_the_approver(
+    desk: Callable[..., Desk], capsule: Any
+) -> None:
+    d = desk(
+        policy='version = 1\n[[rules]]\ntools = ["**"]\ndecision = "deny"\n'
+        '[env]\npass = ["DESK_MARKER"]\n'  # a capsule that ran the tool would write it
+    )
     approver = Recorder(True)
-    async with d.open(approver) as host:
+    async with d.open(approver, capsule=capsule) as host:
         with pytest.raises(PolicyDenied):
             await host.call("launch")
     assert approver.requests == [] and d.ran() == []
@@ -319,12 +337,6 @@ async def test_remember_a_denial_for_the_session(desk: Callable[..., Desk]) -> N
             with pytest.raises(NotApproved, match="remembered"):
                 await host.call("launch", "a")
     assert len(approver.requests) == 1 and d.ran() == []
-
-
-CAPSULES = [
-    pytest.param(in_process(), id="twin"),
-    pytest.param(None, id="subprocess", marks=pytest.mark.subprocess),
-]
 
 
 @pytest.mark.parametrize("capsule", CAPSULES)
@@ -601,7 +613,10 @@ async def test_an_escalation_waits_in_place_without_blocking_others(
     assert d.ran() == [{"launch": "later"}]
 
 
-async def test_a_store_that_fails_mid_escalation_fails_closed(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_a_store_that_fails_mid_escalation_fails_closed(
+    desk: Callable[..., Desk], capsule: Any
+) -> None:
     d = desk()
 
     class NoPending(SQLiteStore):
@@ -612,7 +627,7 @@ async def test_a_store_that_fails_mid_escalation_fails_closed(desk: Callable[...
 
     approver = Recorder(True)
     store = NoPending(d.root / ".agent" / "state.db")
-    async with d.open(approver, store=store) as host:
+    async with d.open(approver, store=store, capsule=capsule) as host:
         with pytest.raises(PolicyDenied) as info:
             await host.call("launch")
         assert info.value.rule == "audit_unavailable"

@@ -68,6 +68,7 @@ class Canaries:
         self.file.parent.mkdir()
         self.file.write_text(self.file_secret)
         self.marker = tmp_path / "pwned"
+        self.project = tmp_path / "project"  # where make_project puts the project
         self.accepted = 0
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.2)
@@ -96,7 +97,8 @@ class Canaries:
             text = result.model_dump_json()
             assert self.env not in text, "the host's secret env var reached agent code"
             assert self.file_secret not in text, "a file outside the preopens was read"
-            assert str(self.file) not in text or "refused" in text
+            assert str(self.project) not in text, "the host's project path reached agent code"
+        assert self.file.read_text() == self.file_secret, "a file outside was changed"
         assert not self.marker.exists(), "an escape created the marker path"
         assert self.accepted == 0, "agent code connected to the loopback listener"
 

@@ -24,7 +24,7 @@ from host import (
     UnknownTool,
 )
 
-from .test_approval import DESK_POLICY, Desk, Gate, Recorder, wait_for
+from .test_approval import CAPSULES, DESK_POLICY, Desk, Gate, Recorder, wait_for
 from .test_approval import desk as desk  # the fixture
 
 pytestmark = pytest.mark.anyio
@@ -40,10 +40,11 @@ def policy(body: str, **defaults: str) -> str:
 # -- a policy that denies everything -------------------------------------------------------
 
 
-async def test_a_deny_everything_policy(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_a_deny_everything_policy(desk: Callable[..., Desk], capsule: Any) -> None:
     d = desk(policy=policy('[[rules]]\nid = "nothing"\ntools = ["**"]\ndecision = "deny"\n'))
     approver = Recorder(True)
-    async with d.open(approver) as host:
+    async with d.open(approver, capsule=capsule) as host:
         for caller in CALLERS:
             for name in ("launch", "read", "record"):
                 args = ([1], {}) if name == "record" else ()
@@ -107,13 +108,14 @@ async def test_unknown_names_are_never_matched_fuzzily(
     ],
     ids=["extra keyword", "too many", "object", "set", "huge int"],
 )
+@pytest.mark.parametrize("capsule", CAPSULES)
 async def test_invalid_arguments_come_before_policy(
-    desk: Callable[..., Desk], args: tuple[Any, ...], kwargs: dict[str, Any]
+    desk: Callable[..., Desk], args: tuple[Any, ...], kwargs: dict[str, Any], capsule: Any
 ) -> None:
     d = desk()  # launch escalates
     approver = Recorder(True)
     decisions: list[Event] = []
-    async with d.open(approver) as host:
+    async with d.open(approver, capsule=capsule) as host:
         host.on("policy_decision", decisions.append)
         with pytest.raises(InvalidArguments):
             await host.call("launch", *args, **kwargs)
@@ -299,10 +301,13 @@ async def test_a_call_in_flight_keeps_the_version_it_was_decided_against(
     assert d.ran() == [{"launch": "in-flight"}]
 
 
-async def test_a_broken_edit_fails_closed_until_fixed(desk: Callable[..., Desk]) -> None:
+@pytest.mark.parametrize("capsule", CAPSULES)
+async def test_a_broken_edit_fails_closed_until_fixed(
+    desk: Callable[..., Desk], capsule: Any
+) -> None:
     d = desk(policy=policy("", app="allow"))
     failures: list[Event] = []
-    async with d.open() as host:
+    async with d.open(capsule=capsule) as host:
         host.on("policy_reload_failed", failures.append)
         d.write_policy(policy('[[rules]]\ntools = ["launch"]\ndecision = "perhaps"\n'))
         with pytest.raises(PolicyFileError) as info:
@@ -316,21 +321,26 @@ async def test_a_broken_edit_fails_closed_until_fixed(desk: Callable[..., Desk])
     assert d.ran() == [{"launch": "b"}]
 
 
+# Each reload test calls ``launch``, whose every run the desk's marker file records: a
+# call the new policy refuses must not have run (an error alone would not show that).
+
+
 async def test_a_new_policy_file_is_picked_up(desk: Callable[..., Desk]) -> None:
     d = desk(policy=policy("", app="allow"))
     async with d.open() as host:
-        assert await host.call("read") == "read"
+        assert await host.call("launch", "before") == "launched before"
         extra = d.root / "policies" / "lockdown.toml"
         extra.parent.mkdir()
-        extra.write_text('version = 1\n[[rules]]\ntools = ["read"]\ndecision = "deny"\n')
+        extra.write_text('version = 1\n[[rules]]\ntools = ["launch"]\ndecision = "deny"\n')
         with pytest.raises(PolicyDenied) as info:
-            await host.call("read")
+            await host.call("launch", "during")
         assert info.value.rule == "policies/lockdown.toml:2"
         extra.unlink()
-        assert await host.call("read") == "read"
+        assert await host.call("launch", "after") == "launched after"
+    assert d.ran() == [{"launch": "before"}, {"launch": "after"}]
 
 
-_DENY_READ = policy('[[rules]]\nid = "shut"\ntools = ["read"]\ndecision = "deny"\n')
+_DENY_LAUNCH = policy('[[rules]]\nid = "shut"\ntools = ["launch"]\ndecision = "deny"\n')
 
 
 async def test_an_edit_by_atomic_rename_is_seen_by_the_next_call(
@@ -338,12 +348,13 @@ async def test_an_edit_by_atomic_rename_is_seen_by_the_next_call(
 ) -> None:
     d = desk(policy=policy("", app="allow"))
     async with d.open() as host:
-        assert await host.call("read") == "read"
+        assert await host.call("launch", "before") == "launched before"
         temp = d.root / "policy.toml.new"
-        temp.write_text(textwrap.dedent(_DENY_READ), encoding="utf-8")
+        temp.write_text(textwrap.dedent(_DENY_LAUNCH), encoding="utf-8")
         os.replace(temp, d.root / "policy.toml")  # how editors and deploy tools write
         with pytest.raises(PolicyDenied):
-            await host.call("read")
+            await host.call("launch", "after")
+    assert d.ran() == [{"launch": "before"}]
 
 
 async def test_a_symlinked_policy_follows_its_target(
@@ -355,10 +366,11 @@ async def test_a_symlinked_policy_follows_its_target(
     (d.root / "policy.toml").unlink()
     (d.root / "policy.toml").symlink_to(target)
     async with d.open() as host:
-        assert await host.call("read") == "read"
-        target.write_text(textwrap.dedent(_DENY_READ), encoding="utf-8")  # outside the project
+        assert await host.call("launch", "before") == "launched before"
+        target.write_text(textwrap.dedent(_DENY_LAUNCH), encoding="utf-8")  # outside the project
         with pytest.raises(PolicyDenied):
-            await host.call("read")
+            await host.call("launch", "after")
+    assert d.ran() == [{"launch": "before"}]
 
 
 async def test_without_inotify_every_call_checks_the_files(
@@ -369,10 +381,11 @@ async def test_without_inotify_every_call_checks_the_files(
     monkeypatch.setattr(host.policy._decide, "open_watch", lambda paths: None)
     d = desk(policy=policy("", app="allow"))
     async with d.open() as opened:
-        assert await opened.call("read") == "read"
-        d.write_policy(_DENY_READ)
+        assert await opened.call("launch", "before") == "launched before"
+        d.write_policy(_DENY_LAUNCH)
         with pytest.raises(PolicyDenied):
-            await opened.call("read")
+            await opened.call("launch", "after")
+    assert d.ran() == [{"launch": "before"}]
 
 
 async def test_a_policy_given_to_open_is_not_reloaded(desk: Callable[..., Desk]) -> None:
@@ -381,7 +394,8 @@ async def test_a_policy_given_to_open_is_not_reloaded(desk: Callable[..., Desk])
     d = desk(policy=policy("", app="allow"))
     async with d.open(policy=PolicyConfig()) as host:
         d.write_policy(policy('[[rules]]\ntools = ["**"]\ndecision = "deny"\n'))
-        assert await host.call("read") == "read"
+        assert await host.call("launch", "kept") == "launched kept"
+    assert d.ran() == [{"launch": "kept"}]
 
 
 # -- policy events -------------------------------------------------------------------------

@@ -103,8 +103,6 @@ def test_exec_policy_denial_is_data(proj: Path) -> None:
     code = "try:\n    await boom('x')\nexcept PolicyDenied as e:\n    rule = e.rule\nrule"
     done = toolhost("exec", "--json", "-c", code, cwd=proj)
     data = json.loads(done.stdout)
-    if data["calls"] and data["calls"][0]["decision"] == "allow":
-        pytest.skip("the mediator does not evaluate policy rules yet (issue 4)")
     assert data["ok"] is True and data["value"] == "no-boom"
     assert data["calls"] == [
         {"tool": "boom", "decision": "deny", "ok": False, "error": "policy_denied"}
