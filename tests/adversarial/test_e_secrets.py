@@ -461,6 +461,23 @@ async def test_a_secret_put_together_in_agent_code_is_replaced_in_its_result(
         assert (result.value, result.stdout) == (MARK, MARK + "\n")
 
 
+@pytest.mark.subprocess
+async def test_an_mcp_client_gets_results_and_errors_redacted(proj: Path, token: str) -> None:
+    from tests.mcp_helpers import connect, served
+
+    async with served(proj) as server, connect(server) as client:
+        given = await client.call_tool("give", {})
+        failed = await client.call_tool("fail", {})
+        echoed = await client.call_tool("echo", {})
+        code = await client.call_tool("run_code", {"code": "(await give())['nested']"})
+    results = [r.model_dump(mode="json") for r in (given, failed, echoed, code)]
+    sent = json.dumps(results, ensure_ascii=False)
+    assert token not in sent and KEY not in sent
+    assert given.structured_content is not None
+    assert given.structured_content["token"] == MARK
+    assert failed.is_error and MARK in sent
+
+
 # -- the command line ----------------------------------------------------------------------
 
 _SCRIPT = Path(sys.executable).with_name("toolhost")
