@@ -49,9 +49,9 @@ TOOLS = {
 
 
         def echo() -> str:
-            """Prints the token in one write, on stdout and on stderr."""
+            """Prints the token (passed) and the key (set), on stdout and on stderr."""
             print("token is", _token())
-            print("err token", _token(), file=sys.stderr, flush=True)
+            print("err token", _token(), "key", os.environ["API_KEY"], file=sys.stderr, flush=True)
             return "printed"
 
 
@@ -81,7 +81,9 @@ TOOLS = {
             try:
                 int(_token())
             except ValueError:
-                raise RuntimeError("the service refused " + _token()) from None
+                raise RuntimeError(
+                    "the service refused " + _token() + " for " + os.environ["API_KEY"]
+                ) from None
 
 
         def _lookup(name: str) -> str:
@@ -212,8 +214,10 @@ async def test_printed_secrets_never_reach_an_event(proj: Path, token: str) -> N
             assert await host.call("echo") == "printed"
             # print() writes its parts one by one: the token may come in a write of its own.
             await wait_for(lambda: f"token is {MARK}\n" in seen.console("stdout"), "stdout")
-            await wait_for(lambda: f"err token {MARK}\n" in seen.console("stderr"), "stderr")
-    seen.check(token)
+            await wait_for(
+                lambda: f"err token {MARK} key {KEY_MARK}\n" in seen.console("stderr"), "stderr"
+            )
+    seen.check(token, KEY)
 
 
 @pytest.mark.subprocess
@@ -330,14 +334,14 @@ async def test_a_secret_in_an_error_reaches_no_caller(proj: Path, token: str) ->
                     seen.add(error.traceback)
                     seen.add(error.error_message)
                     if name == "fail":
-                        assert f"refused {MARK}" in str(error)
+                        assert f"refused {MARK} for {KEY_MARK}" in str(error)
                         assert f"RuntimeError: the service refused {MARK}" in error.traceback
                     else:
                         assert f"KeyError: '{MARK}'" in error.traceback
             records = await host.store.tail(20)
             seen.add(records)
             assert any(MARK in (r.error or "") for r in records)
-    seen.check(token)
+    seen.check(token, KEY)
 
 
 # -- results -------------------------------------------------------------------------------
