@@ -2,7 +2,8 @@
 
 Owns the memory-mapped journal (where a decision becomes durable before its call is
 dispatched) and the store behind it (SQLite in ``.agent/state.db``): the audit trail,
-remembered grants and pending approvals.
+remembered grants and pending approvals, and each session's own state (the key-value
+store of tool contexts, and the file area where the files tools return are kept).
 
 Imports the standard library, anyio and ``host.errors``; never ``capsules``, ``policy``
 or ``declare``. The journal's writer runs ``_journal.py`` by path in a process of its own, so
@@ -18,6 +19,8 @@ from ._records import Outcome as Outcome
 from ._records import PendingAnswer as PendingAnswer
 from ._records import PendingApproval as PendingApproval
 from ._records import Store as Store
+from ._records import StoredFile as StoredFile
+from ._records import StoreFull as StoreFull
 from ._records import StoreUnavailable as StoreUnavailable
 from ._sqlite import SQLiteStore as SQLiteStore
 
@@ -32,5 +35,7 @@ __all__ = [
     "PendingApproval",
     "SQLiteStore",
     "Store",
+    "StoredFile",
+    "StoreFull",
     "StoreUnavailable",
 ]

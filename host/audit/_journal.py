@@ -85,9 +85,11 @@ COLUMNS: Final = (
     "ended",
     "error_kind",
     "error",
+    "chain",
 )
 """The ``audit`` table's columns, in the order rows are journaled (``AuditRecord``'s
-fields before ``seq``)."""
+fields before ``seq``). ``chain`` came last, later: a row journaled without it (by an
+older host) is read with ``chain`` None."""
 
 _OUTCOME = COLUMNS.index("outcome")
 _ENDED = COLUMNS.index("ended")
@@ -220,6 +222,8 @@ def _valid(entry: object) -> bool:
         return False
     items: list[Any] = entry  # pyright: ignore[reportUnknownVariableType]
     if items[0] == ROW:
+        if len(items) == len(COLUMNS):  # journaled before ``chain`` existed
+            items.append(None)
         return len(items) == 1 + len(COLUMNS) and isinstance(items[1], str)
     return items[0] == END and len(items) == 6 and isinstance(items[1], str)
 

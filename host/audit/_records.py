@@ -22,7 +22,7 @@ Nothing here knows a database or the journal: a backend's module imports this on
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -36,6 +36,8 @@ __all__ = [
     "PendingApproval",
     "Store",
     "StoreUnavailable",
+    "StoreFull",
+    "StoredFile",
     "Outcome",
 ]
 
@@ -63,6 +65,28 @@ durable as asked; the mediator then has nothing to wait for."""
 
 class StoreUnavailable(Exception):
     """The state database cannot be read or written; the message says why."""
+
+
+class StoreFull(Exception):
+    """A session's key-value store would grow over its limit; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """A file a tool returned, as the store keeps it (in the session's file area)."""
+
+    name: str
+    """The name it is kept under (made safe, unique within its call)."""
+    mime_type: str
+    size: int
+    sha256: str
+    width: int | None
+    height: int | None
+    path: str
+    """Where it is: ``.agent/files/SESSION/CALL/NAME`` for the SQLite store."""
+
+    def to_data(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class AuditRecord(NamedTuple):
@@ -95,6 +119,9 @@ class AuditRecord(NamedTuple):
     ended: float | None = None
     error_kind: str | None = None
     error: str | None = None
+    chain: str | None = None
+    """For a call a tool made through its context: the callers above it, outermost first,
+    and the call that made it (``agent > send_email (3f2a.12)``); None for other calls."""
     seq: int | None = None
 
     def to_data(self) -> dict[str, Any]:
@@ -253,6 +280,33 @@ class Store(Protocol):
         ...
 
     async def add_pending(self, pending: PendingApproval) -> None: ...
+
+    # -- a session's own state (tool contexts) -------------------------------------------
+
+    async def get_value(self, session: str, key: str) -> bytes | None:
+        """The encoded value of ``key`` in the session's key-value store, or None."""
+        ...
+
+    async def set_value(
+        self, session: str, key: str, value: bytes | None, *, max_total: int
+    ) -> None:
+        """Store an encoded value (None removes the key); raises :class:`StoreFull` if the
+        session's values would take more than ``max_total`` bytes."""
+        ...
+
+    async def save_files(
+        self,
+        session: str,
+        call_id: str,
+        files: Sequence[tuple[str, str, bytes, int | None, int | None]],
+    ) -> list[StoredFile]:
+        """Keep one call's files ``(name, mime_type, data, width, height)`` in the
+        session's file area; returns them as kept (names made safe and unique)."""
+        ...
+
+    async def files(self, call_id: str) -> list[StoredFile]:
+        """The files kept for one call."""
+        ...
 
     async def remove_pending(self, pending_id: str) -> None: ...
 

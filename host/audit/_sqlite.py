@@ -18,14 +18,14 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
 
-from . import _journal, _pending
+from . import _journal, _pending, _session
 from ._hostlock import HostLock
 from ._journal import COLUMNS, END, ROW, Ingester, Journal
 from ._reading import tail_audit
@@ -37,6 +37,7 @@ from ._records import (
     Outcome,
     PendingAnswer,
     PendingApproval,
+    StoredFile,
     StoreUnavailable,
 )
 
@@ -73,7 +74,8 @@ CREATE TABLE IF NOT EXISTS audit (
     args_summary TEXT,
     outcome TEXT NOT NULL,
     error_kind TEXT,
-    error TEXT
+    error TEXT,
+    chain TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_open ON audit (host_id) WHERE outcome = 'started';
 CREATE TABLE IF NOT EXISTS grants (
@@ -111,6 +113,15 @@ if AuditRecord._fields[:-1] != COLUMNS:  # the journal writes records as tuples
 
 
 # -- SQLite ----------------------------------------------------------------------------------
+
+
+def _add_chain_column(conn: sqlite3.Connection) -> None:
+    """A database made before ``audit.chain`` existed gets the column (another host may
+    be adding it at the same moment)."""
+    names = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
+    if "chain" not in names:
+        with contextlib.suppress(sqlite3.OperationalError):  # "duplicate column name"
+            conn.execute("ALTER TABLE audit ADD COLUMN chain TEXT")
 
 
 def _grant(row: sqlite3.Row) -> Grant:
@@ -183,6 +194,11 @@ class SQLiteStore:
     def _journals(self) -> Path:
         return self.path.parent / "journal"
 
+    @property
+    def files_dir(self) -> Path:
+        """The sessions' file area: ``files/SESSION/CALL/NAME`` beside the database."""
+        return self.path.parent / "files"
+
     async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         def work() -> _T:
             conn = self._conn
@@ -217,6 +233,8 @@ class SQLiteStore:
         conn.execute(f"PRAGMA synchronous={sync}")
         conn.executescript(_SCHEMA)
         _pending.migrate(conn)
+        _add_chain_column(conn)
+        conn.executescript(_session.SCHEMA)
         return conn
 
     async def attach(self) -> None:
@@ -523,3 +541,40 @@ class SQLiteStore:
 
     async def pending_changed(self, seen: int, timeout: float) -> int:
         return await self._changes.wait(seen, timeout)
+
+    # -- a session's own state -------------------------------------------------------------
+
+    async def get_value(self, session: str, key: str) -> bytes | None:
+        def work(conn: sqlite3.Connection) -> bytes | None:
+            return _session.get_value(conn, session, key)
+
+        return await self._run(work)
+
+    async def set_value(
+        self, session: str, key: str, value: bytes | None, *, max_total: int
+    ) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            _session.set_value(conn, session, key, value, max_total)
+
+        await self._run(work)
+
+    async def save_files(
+        self,
+        session: str,
+        call_id: str,
+        files: Sequence[_session.FileData],
+    ) -> list[StoredFile]:
+        folder = self.files_dir
+
+        def work(conn: sqlite3.Connection) -> list[StoredFile]:
+            return _session.save_files(conn, folder, session, call_id, files)
+
+        return await self._run(work)
+
+    async def files(self, call_id: str) -> list[StoredFile]:
+        folder = self.files_dir
+
+        def work(conn: sqlite3.Connection) -> list[StoredFile]:
+            return _session.files_of(conn, folder, call_id)
+
+        return await self._run(work)
