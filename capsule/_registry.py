@@ -49,6 +49,9 @@ class Target:
     by_name: bool = False
     """Every parameter may be passed by name (no positional-only, no ``*args``/``**kwargs``):
     the bound argument map is then the call's keyword arguments as it is."""
+    context: str | None = None
+    """The parameter annotated ``ToolContext`` (in ``params`` too), which the capsule
+    fills in for each call; None for a tool that takes no context."""
 
 
 def install_package(tools_dir: str, package: str = PACKAGE) -> None:
@@ -225,8 +228,12 @@ def resolve(
     name: str,
     path: list[str],
     params: list[tuple[str, int]],
+    context: str | None = None,
 ) -> Target:
     """Find the callable at ``path`` (export, then member) inside ``module``.
+
+    ``params`` are every parameter's (name, kind), the context's included; ``context`` is
+    the name of the parameter the capsule fills with a ``ToolContext``, if any.
 
     A path that is missing or not callable at run time does not fail the load here: the
     file's run-time exports then differ from what discovery declared, and the host refuses
@@ -250,4 +257,5 @@ def resolve(
         getattr(obj, "__wrapped__", None)
     )
     kinds = tuple((p, k) for p, k in params)
-    return Target(name, obj, kinds, is_async, all(k in (1, 3) for _, k in kinds))
+    by_name = all(k in (1, 3) for _, k in kinds)
+    return Target(name, obj, kinds, is_async, by_name, context if type(context) is str else None)

@@ -6,6 +6,12 @@ converts and writes its own reply (one thread hop per call, not three). Every fr
 written whole under one lock (workers and the console forwarder write frames too). A tool's
 exception crosses as data only: its type name, its message and the traceback of the
 tool's own frames.
+
+A tool that takes a ``ToolContext`` gets one per call, built from what the host sent with
+the call; the capsule is its channel: its requests go out as ``ctx`` frames and wait for
+the host's ``answer``, its events go out as ``event`` frames. A result with files
+(``Result``, ``Attachment``) crosses in its ``ok`` frame, its bytes checked against the
+host's ``max_attachment`` first.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import itertools
 import os
 import queue
 import sys
@@ -22,6 +29,14 @@ from typing import Any
 
 from . import _registry
 from ._convert import NotPlainData, to_plain
+from .context import (
+    Attachment,
+    ContextLimitExceeded,
+    Result,
+    ToolContext,
+    files_from_wire,
+    files_to_wire,
+)
 from .protocol import (
     DECODE_RATIO,
     E_BAD_CALL,
@@ -29,9 +44,12 @@ from .protocol import (
     E_TOO_LARGE,
     E_TOOL,
     HEADER,
+    K_ANSWER,
     K_CALL,
     K_CANCEL,
+    K_CTX,
     K_ERR,
+    K_EVENT,
     K_FAILED,
     K_LOAD,
     K_LOADED,
@@ -54,6 +72,8 @@ _MAX_WORKERS = 64
 _MAX_TEXT = 64 * 1024
 _CHECKED = 64 * 1024
 """Replies larger than this are checked against the frame cap and the decoding budget."""
+_MAX_EVENT = 64 * 1024
+"""Most bytes one context event may take (the host refuses more)."""
 
 
 def _text(obj: object) -> str:
@@ -113,7 +133,9 @@ def split_arguments(
     return args, kwargs
 
 
-_Job = tuple[int, "_registry.Target", bytes]
+_Job = tuple[int, "_registry.Target", bytes, Any]
+_FILES: tuple[type, ...] = (Result, Attachment)
+"""Results that carry files (exact types only)."""
 _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
 _NO_ARGS: tuple[Any, ...] = ()
 _Pack = Callable[[Any], bytes]
@@ -156,6 +178,10 @@ class Capsule:
         self._batch = False  # dispatching one read's frames: replies wait for its end
         self._flush_soon = False  # a _flush is scheduled on the loop
         self._pack: _Pack = packer()  # the loop thread's own (a worker has its own)
+        self._max_attachment = MAX_FRAME
+        self._requests = itertools.count(1)
+        self._answers: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
+        """Context requests waiting for the host's answer, by request id."""
 
     # -- writing -----------------------------------------------------------------------
 
@@ -227,6 +253,9 @@ class Capsule:
         if isinstance(max_frame, int) and max_frame > 0:
             self._max_frame = max_frame
             self._decoder.max_frame = max_frame
+        max_attachment = msg.get("max_attachment")
+        if isinstance(max_attachment, int) and max_attachment >= 0:
+            self._max_attachment = max_attachment
         _registry.install_package(msg["dir"], msg.get("package", _registry.PACKAGE))
         modules: dict[str, Any] = {}
         for file in msg["files"]:
@@ -240,12 +269,13 @@ class Capsule:
             modules[file] = module
             self.send({"k": K_LOADED, "file": file, "exports": exports})
         tools: dict[str, Any] = msg["tools"]
-        for name, (file, path, params) in tools.items():
+        for name, (file, path, params, *rest) in tools.items():
             module = modules.get(file)
             if module is None:
                 continue
             try:
-                self._targets[name] = _registry.resolve(module, name, path, params)
+                context = rest[0] if rest else None
+                self._targets[name] = _registry.resolve(module, name, path, params, context)
             except Exception as exc:  # reported; the host refuses the file
                 self.send({"k": K_FAILED, "file": file, "error": error_data(exc)})
         self.send(
@@ -304,7 +334,7 @@ class Capsule:
                 self._reply_error(call_id, E_BAD_CALL, f"no tool {msg['tool']!r} in this capsule")
                 return
             if not target.is_async and self._threads:
-                self._submit((call_id, target, msg["args"]))
+                self._submit((call_id, target, msg["args"], msg.get("ctx")))
                 return
             assert self._loop is not None
             # The task's first step runs at once, so a tool that does not wait is answered
@@ -313,7 +343,9 @@ class Capsule:
             # step with call_soon, which appends it to the loop's ready queue: the handle
             # is taken back and run here, inside the task as usual (current_task(), its
             # own context, cancellation).
-            task = asyncio.Task(self._run(call_id, target, msg["args"]), loop=self._loop, **_EAGER)
+            task = asyncio.Task(
+                self._run(call_id, target, msg["args"], msg.get("ctx")), loop=self._loop, **_EAGER
+            )
             ready = self._ready
             if ready:
                 handle = ready[-1]
@@ -331,6 +363,8 @@ class Capsule:
                 task.cancel()
                 # A task cancelled before its first step never runs _run's cleanup.
                 task.add_done_callback(lambda t, i=call_id: self._forget(i, t))
+        elif kind == K_ANSWER:
+            self._answer(msg)
         else:
             raise BadFrame(f"unknown frame kind {kind!r}")
 
@@ -375,11 +409,16 @@ class Capsule:
                     self._free += 1
 
     def _execute(
-        self, call_id: int, target: _registry.Target, raw_args: bytes, pack: _Pack
+        self, call_id: int, target: _registry.Target, raw_args: bytes, info: Any, pack: _Pack
     ) -> bytes | None:
         """Run a sync tool on this (worker) thread; return the reply frame's body."""
+        ctx: ToolContext | None = None
         try:
-            args, kwargs = _arguments(target, decode(raw_args))
+            bound = decode(raw_args)
+            if target.context is not None:
+                ctx = self._context(call_id, info)
+                bound[target.context] = ctx
+            args, kwargs = _arguments(target, bound)
         except Exception as exc:  # a host bug, reported as data
             return self._error_body(call_id, E_BAD_CALL, f"bad arguments frame: {exc}")
         try:
@@ -394,12 +433,21 @@ class Capsule:
             )
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a tool error
             return encode({"k": K_ERR, "id": call_id, "error": error_data(exc)})
+        finally:
+            if ctx is not None:
+                ctx._close()  # pyright: ignore[reportPrivateUsage]
 
-    async def _run(self, call_id: int, target: _registry.Target, raw_args: bytes) -> None:
+    async def _run(
+        self, call_id: int, target: _registry.Target, raw_args: bytes, info: Any = None
+    ) -> None:
         """Run an async tool (or any tool, where there are no threads) on the loop."""
+        ctx: ToolContext | None = None
         try:
             try:
                 bound = decode(raw_args)
+                if target.context is not None:
+                    ctx = self._context(call_id, info)
+                    bound[target.context] = ctx
                 if target.by_name and type(bound) is dict:
                     args: Any = _NO_ARGS
                     kwargs: dict[str, Any] = bound  # pyright: ignore[reportUnknownVariableType]
@@ -413,9 +461,12 @@ class Capsule:
                 result = target.fn(*args, **kwargs)
                 if type(result) is types.CoroutineType or inspect.isawaitable(result):
                     result = await result  # pyright: ignore[reportGeneralTypeIssues, reportUnknownVariableType]
-                body = self._pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
-                if len(body) > _CHECKED:
-                    body = self._checked(call_id, body)
+                if type(result) in _FILES:  # pyright: ignore[reportUnknownArgumentType]
+                    body = self._files_body(call_id, result, self._pack)  # pyright: ignore[reportUnknownArgumentType]
+                else:
+                    body = self._pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
+                    if len(body) > _CHECKED:
+                        body = self._checked(call_id, body)
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -430,6 +481,8 @@ class Capsule:
             self._reply(body, len(self._tasks) - (call_id in self._tasks) > 0)
         finally:
             self._tasks.pop(call_id, None)
+            if ctx is not None:
+                ctx._close()  # pyright: ignore[reportPrivateUsage]
 
     def _error_body(self, call_id: int, kind: str, message: str, **extra: str) -> bytes:
         error = {"kind": kind, "type": "", "message": message, "traceback": "", "path": ""}
@@ -440,8 +493,23 @@ class Capsule:
         self._reply(self._error_body(call_id, kind, message, **extra), True)
 
     def _result_body(self, call_id: int, result: Any, pack: _Pack) -> bytes:
+        if type(result) in _FILES:
+            return self._files_body(call_id, result, pack)
         body = pack({"k": K_OK, "id": call_id, "value": to_plain(result)})
         return body if len(body) <= _CHECKED else self._checked(call_id, body)
+
+    def _files_body(self, call_id: int, result: Any, pack: _Pack) -> bytes:
+        """The reply for a tool that returned a ``Result`` or an ``Attachment``."""
+        value, files, shape = files_to_wire(result)
+        size = sum(len(f[2]) for f in files)
+        if size > self._max_attachment:
+            message = (
+                f"the attachments take {size} bytes, over the limit of {self._max_attachment} "
+                "([limits] max_attachment_size)"
+            )
+            return self._error_body(call_id, E_TOO_LARGE, message, type="max_attachment_size")
+        reply = {"k": K_OK, "id": call_id, "value": to_plain(value), "files": files, "as": shape}
+        return self._checked(call_id, pack(reply))
 
     def _checked(self, call_id: int, body: bytes) -> bytes:
         """A large reply as it is, or a ``too_large`` error if the host would refuse it."""
@@ -454,7 +522,92 @@ class Capsule:
             )
         else:
             return body
-        return self._error_body(call_id, E_TOO_LARGE, message)
+        return self._error_body(call_id, E_TOO_LARGE, message, type="max_frame")
+
+    # -- the tool context ----------------------------------------------------------------
+
+    def _context(self, call_id: int, info: Any) -> ToolContext:
+        """The context for one call, from the host's record of it (sent with the call)."""
+        if type(info) is not dict:
+            raise BadFrame("a call to a tool that takes a context carries its ctx map")
+        record: dict[str, Any] = info  # pyright: ignore[reportUnknownVariableType]
+        chain: list[Any] = record.get("chain") or []
+        metadata: dict[str, Any] = record.get("metadata") or {}
+        return ToolContext(
+            tool=str(record.get("tool", "")),
+            call_id=str(record.get("call_id", "")),
+            session=str(record.get("session", "")),
+            caller=str(record.get("caller", "")),
+            chain=[str(c) for c in chain],
+            metadata=metadata,
+            channel=self,
+            call=call_id,
+        )
+
+    def request(self, call: int, op: str, args: dict[str, Any]) -> Any:
+        """Send a context request for ``call``; an awaitable of the host's answer.
+
+        Awaitable on the loop that awaits it: the capsule's own (async tools), or one a
+        sync tool runs on its worker thread (``asyncio.run``).
+        """
+        loop = asyncio.get_running_loop()
+        req = next(self._requests)
+        body = encode({"k": K_CTX, "id": call, "req": req, "op": op, "args": args})
+        if len(body) > self._max_frame or (len(body) > _CHECKED and not within_budget(body)):
+            raise ContextLimitExceeded(
+                f"ctx.{op}: the request takes {len(body)} bytes, over the frame cap of "
+                f"{self._max_frame} ([limits] max_frame)"
+            )
+        future: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+        self._answers[req] = future
+        try:
+            self.write(body)
+        except BaseException:
+            self._answers.pop(req, None)
+            raise
+        return self._answer_of(req, future)
+
+    async def _answer_of(self, req: int, future: asyncio.Future[tuple[bool, Any]]) -> Any:
+        try:
+            return await future
+        finally:
+            self._answers.pop(req, None)
+
+    def notify(self, call: int, op: str, args: dict[str, Any]) -> None:
+        """Send a context event for ``call`` (any thread); nothing comes back."""
+        body = encode({"k": K_EVENT, "id": call, "op": op, "args": args})
+        if len(body) > min(self._max_frame, _MAX_EVENT):
+            raise ContextLimitExceeded(
+                f"ctx.{op}: the event takes {len(body)} bytes, over {_MAX_EVENT} bytes"
+            )
+        self.write(body)
+
+    def _answer(self, msg: dict[str, Any]) -> None:
+        """The host answered a context request: wake whoever waits for it."""
+        req: Any = msg.get("req")
+        future = self._answers.pop(req, None) if type(req) is int else None
+        if future is None or future.done():
+            return  # the tool stopped waiting (its call was cancelled)
+        answer: tuple[bool, Any]
+        if msg.get("ok") is True:
+            value = msg.get("value")
+            if "files" in msg:
+                try:
+                    value = files_from_wire(value, msg.get("files"), msg.get("as"))
+                except (TypeError, ValueError) as exc:
+                    answer = (False, {"kind": "protocol_error", "message": str(exc)})
+                else:
+                    answer = (True, value)
+            else:
+                answer = (True, value)
+        else:
+            error: Any = msg.get("error")
+            answer = (False, error)
+        loop = future.get_loop()
+        if loop is self._loop:
+            future.set_result(answer)
+        else:  # a sync tool's own loop, on its worker thread
+            loop.call_soon_threadsafe(_settle, future, answer)
 
 
 def _arguments(target: _registry.Target, bound: Any) -> tuple[Any, dict[str, Any]]:
@@ -466,3 +619,8 @@ def _arguments(target: _registry.Target, bound: Any) -> tuple[Any, dict[str, Any
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _settle(future: asyncio.Future[tuple[bool, Any]], answer: tuple[bool, Any]) -> None:
+    if not future.done():
+        future.set_result(answer)

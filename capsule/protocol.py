@@ -12,19 +12,39 @@ extension and bytes map keys. Every frame is a map whose ``"k"`` names its kind;
 ``K_*`` names.
 
 Host to capsule:
-    ``load``    {"k", "dir", "package", "files": [module...], "tools": {name: target}}
-    ``call``    {"k", "id", "tool", "args": bin}; ``args`` is the canonical encoding of the
-                bound arguments, a map from parameter name to value, made once by the host
+    ``load``    {"k", "dir", "package", "files": [module...], "tools": {name: target},
+                "max_frame", "max_attachment"}; a target is ``[file, path, params,
+                context]``: ``params`` the (name, kind) pairs of every parameter, the
+                context's included, ``context`` the name of the parameter annotated
+                ``ToolContext`` or None
+    ``call``    {"k", "id", "tool", "args": bin[, "ctx": {...}]}; ``args`` is the canonical
+                encoding of the bound arguments, a map from parameter name to value, made
+                once by the host; ``ctx`` (only for a tool that takes a context): the
+                host's own record of the call: "call_id", "tool", "session", "caller",
+                "chain", "metadata"
     ``cancel``  {"k", "id"}
+    ``answer``  {"k", "req", "ok": true, "value"[, "files", "as"]} or
+                {"k", "req", "ok": false, "error": {"kind", "message", ...}}: the answer
+                to a ``ctx`` request
 
 Capsule to host:
     ``loading`` {"k", "file"}                  about to import a tool file
     ``loaded``  {"k", "file", "exports": [..]} imported; the names it really exports
     ``failed``  {"k", "file", "error": {...}}   importing it raised
     ``ready``   {"k", "pid", "python"}          every file was tried; calls may come
-    ``ok``      {"k", "id", "value"}
-    ``err``     {"k", "id", "error": {"kind", "type", "message", "traceback", "path"}}
+    ``ok``      {"k", "id", "value"[, "files": [[name, mime_type, data, width, height]..],
+                "as": "result" | "file"]}; ``files`` when the tool returned a ``Result``
+                (``as`` "result") or an ``Attachment`` alone (``as`` "file", no value)
+    ``err``     {"k", "id", "error": {"kind", "type", "message", "traceback", "path"}};
+                for ``too_large``, ``type`` names the limit (``max_frame``,
+                ``max_attachment_size``)
     ``console`` {"k", "stream", "data"}         output the tools printed
+    ``ctx``     {"k", "id", "req", "op", "args": {..}}   a tool's context asks the host
+                something for call ``id`` (ops: env, env_type, set_env, get, set, call);
+                the host answers ``req`` with an ``answer`` frame, or refuses it if call
+                ``id`` is not in flight on this capsule or takes no context
+    ``event``   {"k", "id", "op", "args": {..}}  a context's event for call ``id`` (ops:
+                emit, progress); nothing comes back
 
 The code sandbox (agent code, ``capsule._guest``) speaks its own kinds on its pipes:
 
@@ -104,6 +124,14 @@ K_RUN: Final = "run"
 K_USE: Final = "use"
 K_DROP: Final = "drop"
 K_DONE: Final = "done"
+K_CTX: Final = "ctx"
+K_EVENT: Final = "event"
+K_ANSWER: Final = "answer"
+
+CTX_REQUESTS: Final = frozenset({"env", "env_type", "set_env", "get", "set", "call"})
+"""The ops of ``ctx`` frames (each gets an ``answer``)."""
+CTX_EVENTS: Final = frozenset({"emit", "progress"})
+"""The ops of ``event`` frames (one way)."""
 
 # Error kinds a capsule may report in an ``err`` frame. Anything else is a protocol error.
 E_TOOL: Final = "tool_error"
