@@ -26,11 +26,20 @@ from host.errors import DeclarationError
 
 from . import _pyright
 from ._docstrings import parse_docstring
-from ._model import ParamDecl, ToolDecl, TypeDecl
+from ._model import FieldDecl, ParamDecl, ToolDecl, TypeDecl
 from ._scope import Scope
 from ._shapes import Shapes
 from ._specs import NO_DEFAULT, Discovery, ToolSpec
-from ._typeexpr import STDLIB_NAMES, VOCABULARY, Canonical, Dangling, Opaque, canonicalise
+from ._typeexpr import (
+    ATTACHMENT_INFO,
+    FILES_NOTE,
+    STDLIB_NAMES,
+    VOCABULARY,
+    Canonical,
+    Dangling,
+    Opaque,
+    canonicalise,
+)
 from ._typeindex import External, Ref, TypeIndex, parse_type
 
 __all__ = ["PROBE", "build_scope", "probe_source", "Runner"]
@@ -47,6 +56,22 @@ _CORE: Final = frozenset(
 UNREACHABLE: Final = "<unreachable>"
 """What the probe reads for an export pyright cannot reach (it is not a type)."""
 _WORDS = re.compile(r"[A-Za-z_]\w*")
+_ATTACHMENT_INFO: Final = TypeDecl(
+    name=ATTACHMENT_INFO,
+    kind="typeddict",
+    source="capsule/context.py",
+    line=0,
+    docstring="A file a tool returned, as agent code receives it: its bytes stay with the host.",
+    fields=(
+        FieldDecl("name", "str"),
+        FieldDecl("mime_type", "str"),
+        FieldDecl("size", "int"),
+        FieldDecl("width", "int | None"),
+        FieldDecl("height", "int | None"),
+        FieldDecl("sha256", "str"),
+    ),
+)
+"""How a tool that returns a lone ``capsule.context.Attachment`` is declared."""
 Runner = Callable[..., _pyright.Run]
 """``_pyright.start``'s signature; tests pass a counting wrapper."""
 
@@ -136,6 +161,8 @@ class _Builder:
         self.seen: set[Ref] = set()
         self.memo: dict[tuple[str, str, bool], tuple[str, tuple[str, ...]]] = {}
         self.tools_dir = discovery.tools_dir.resolve()
+        self.attachment_info = False
+        """Whether a tool returns a lone attachment (declared as ``AttachmentInfo``)."""
 
     def relative(self, path: Path) -> str:
         """A tool file's path relative to the tools folder (they all live directly in it)."""
@@ -279,7 +306,9 @@ class _Builder:
         if returns is not None and "Unknown" in returns and spec.returns is not None:
             self.canonical(spec, None, spec.returns, "return type", returning=True)  # dangling?
         got = self.canonical(spec, returns, spec.returns, "return type", returning=True)
-        notes.extend(f"returns: {n}" for n in got.notes)
+        notes.extend(n if n == FILES_NOTE else f"returns: {n}" for n in got.notes)
+        if ATTACHMENT_INFO in _WORDS.findall(got.text) and FILES_NOTE in got.notes:
+            self.attachment_info = True
         return ToolDecl(
             name=spec.name,
             qualified=spec.qualified,
@@ -296,6 +325,7 @@ class _Builder:
             notes=tuple(dict.fromkeys(notes)),
             summary=doc.summary,
             returns_description=doc.returns,
+            uses=spec.uses,
         )
 
     def default(self, spec: ToolSpec, text: str, value: object) -> str:
@@ -309,6 +339,8 @@ class _Builder:
     def types(self) -> tuple[TypeDecl, ...]:
         """Every type the tools mention, transitively: merged, checked, in dependency order."""
         decls: dict[str, TypeDecl] = {}
+        if self.attachment_info:
+            decls[ATTACHMENT_INFO] = _ATTACHMENT_INFO
         i = 0
         while i < len(self.queue):
             ref = self.queue[i]

@@ -16,7 +16,11 @@ capsule loads) are:
 * an object (``name = SomeClass(...)`` for a class defined in the tools package, or
   ``name = SimpleNamespace(a=f, ...)``) exports its public methods (members) as tools
   named ``name.method``; properties are not methods;
-* classes, constants and other data are not tools.
+* classes, constants and other data are not tools;
+* a module-level ``__uses__ = {"send_email": ["notify"]}`` (a literal dict) lists, for a
+  tool of this file (named as inside it: ``EXPORT`` or ``EXPORT.MEMBER``), the tools it may
+  call through its context (canonical names, or ``tools.FILE.EXPORT``); a tool it does not
+  list may call any tool policy allows. Keys and names that reach no tool are errors.
 
 Each top-level name is bound by the last statement that binds it (``def``, assignment,
 import, ``del``), as at run time. Names bound only inside ``if``/``try`` blocks are not
@@ -33,14 +37,17 @@ the types of ``_specs``.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import keyword
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 
 from host.errors import DeclarationError
 
 from ._exports import exports_of
-from ._reading import Finder, parse_module
+from ._reading import Finder, Module, parse_module
 from ._specs import Discovery, ToolFile, ToolSpec
 
 __all__ = ["discover"]
@@ -102,4 +109,51 @@ def discover(tools_dir: Path) -> Discovery:
             owners.setdefault(key, spec)
             tools[spec.name] = spec
         files.append(ToolFile(name, mod.path, False, tuple(s.name for s in specs)))
+    for name, mod in modules.items():
+        if not name.startswith("_"):
+            _apply_uses(mod, tools)
     return Discovery(tools_dir=tools_dir, files=tuple(files), tools=tools)
+
+
+def _apply_uses(mod: Module, tools: dict[str, ToolSpec]) -> None:
+    """Give the tools of ``mod`` the ``uses`` lists its ``__uses__`` declares."""
+    entry = mod.assigns.get("__uses__")
+    if entry is None:
+        return
+    node, line = entry
+
+    def error(problem: str) -> DeclarationError:
+        return DeclarationError(f"__uses__ {problem}", file=str(mod.path), line=line)
+
+    try:
+        declared = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise error(
+            'must be a literal dict, {"tool": ["other.tool", ...]}, with nothing computed'
+        ) from None
+    if not isinstance(declared, dict):
+        raise error('must be a dict: {"tool": ["other.tool", ...]}')
+    by_name: Mapping[str, ToolSpec] = {
+        **{spec.qualified: spec for spec in tools.values()},
+        **tools,
+    }
+    mine = {spec.runtime_name: spec for spec in tools.values() if spec.file == mod.name}
+    for key, names in declared.items():  # pyright: ignore[reportUnknownVariableType]
+        spec = mine.get(key) if isinstance(key, str) else None
+        if spec is None:
+            raise error(
+                f"names {key!r}, which is no tool of {mod.name}.py (its tools: "
+                f"{', '.join(sorted(mine)) or 'none'})"
+            )
+        if not isinstance(names, (list, tuple)) or not all(
+            isinstance(n, str)
+            for n in names  # pyright: ignore[reportUnknownVariableType]
+        ):
+            raise error(f"[{key!r}] must be a list of tool names")
+        uses: list[str] = []
+        for used in names:  # pyright: ignore[reportUnknownVariableType]
+            target = by_name.get(used)  # pyright: ignore[reportUnknownArgumentType]
+            if target is None:
+                raise error(f"[{key!r}] names {used!r}, which is no tool")
+            uses.append(target.name)
+        tools[spec.name] = dataclasses.replace(spec, uses=tuple(dict.fromkeys(uses)))

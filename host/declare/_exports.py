@@ -17,7 +17,7 @@ from typing import Final
 from host.errors import DeclarationError
 
 from ._reading import Finder, Fn, Module, params_of
-from ._specs import Param, ToolSpec
+from ._specs import POSITIONAL_OR_KEYWORD, VAR_KEYWORD, VAR_POSITIONAL, Param, ToolSpec
 
 __all__ = ["HOST_GLOBALS", "exports_of"]
 
@@ -105,6 +105,17 @@ def _spec(
     is_def = not isinstance(fn, ast.Lambda)
     params = params_of(fn, drop_first=drop_first)
     context = _context_param(params, owner.tree)
+    context_at = (0, POSITIONAL_OR_KEYWORD)
+    for at, param in enumerate(params):
+        if param.name == context:
+            if param.kind in (VAR_POSITIONAL, VAR_KEYWORD):
+                raise DeclarationError(
+                    f"{name}: the ToolContext parameter {'*' * (param.kind - 1)}{context} "
+                    "must be a single parameter (the capsule passes one context)",
+                    file=str(owner.path),
+                    line=fn.lineno,
+                )
+            context_at = (at, param.kind)
     return ToolSpec(
         name=name,
         file=file,
@@ -118,6 +129,7 @@ def _spec(
         returns=ast.unparse(fn.returns) if is_def and fn.returns is not None else None,
         installed=installed,
         context=context,
+        context_at=context_at,
     )
 
 

@@ -69,6 +69,9 @@ class ToolDecl:
     summary: str | None = None
     """The docstring without its parameter and return sections."""
     returns_description: str | None = None
+    uses: tuple[str, ...] | None = None
+    """The tools it may call through its context (its file's ``__uses__``); None: the
+    file declares nothing for it."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -200,6 +203,7 @@ class ScopeModel:
                 tuple(t["notes"]),
                 t["summary"],
                 t["returns_description"],
+                None if t.get("uses") is None else tuple(t["uses"]),
             )
             for t in data["tools"]
         )

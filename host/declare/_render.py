@@ -210,6 +210,7 @@ def manifest(scope: ScopeModel) -> dict[str, Any]:
                 "docstring": tool.docstring,
                 "inferred": tool.inferred,
                 "notes": list(tool.notes),
+                "uses": None if tool.uses is None else list(tool.uses),
                 "input_schema": schemas["input"],
                 "output_schema": schemas["output"],
             }

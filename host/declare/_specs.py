@@ -87,7 +87,12 @@ class ToolSpec:
     """False when the export shadows a builtin or host global (only ``tools.F.E`` works)."""
     context: str | None = None
     """The hidden parameter annotated ``capsule.context.ToolContext``, if any: it is not in
-    ``params``, so no caller can bind it; the host fills it in."""
+    ``params``, so no caller can bind it; the capsule fills it in."""
+    context_at: tuple[int, int] = (0, POSITIONAL_OR_KEYWORD)
+    """Where the context parameter sits in the full signature, and its kind."""
+    uses: tuple[str, ...] | None = None
+    """The tools this one may call through its context (canonical names), from the
+    file's ``__uses__``; None when the file declares nothing for it (no limit but policy)."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -110,6 +115,20 @@ class ToolSpec:
     @property
     def param_kinds(self) -> list[tuple[str, int]]:
         return [(p.name, p.kind) for p in self.params]
+
+    @property
+    def capsule_params(self) -> list[tuple[str, int]]:
+        """Every parameter's (name, kind) as the function has them: the context's too."""
+        kinds = self.param_kinds
+        if self.context is not None:
+            at, kind = self.context_at
+            kinds.insert(at, (self.context, kind))
+        return kinds
+
+    @property
+    def runtime_name(self) -> str:
+        """``EXPORT[.MEMBER]``: the name inside its file (as ``__uses__`` keys name it)."""
+        return ".".join(self.path[1:])
 
 
 @dataclass(frozen=True, slots=True)

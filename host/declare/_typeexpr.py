@@ -36,7 +36,22 @@ from typing import Final
 
 from ._typeindex import External, Ref, parse_type
 
-__all__ = ["Opaque", "Dangling", "Canonical", "canonicalise", "STDLIB_NAMES", "VOCABULARY"]
+__all__ = [
+    "Opaque",
+    "Dangling",
+    "Canonical",
+    "canonicalise",
+    "STDLIB_NAMES",
+    "VOCABULARY",
+    "FILES_NOTE",
+    "ATTACHMENT_INFO",
+]
+
+FILES_NOTE: Final = "may return files (attachments)"
+"""The note of a tool that returns ``capsule.context.Result`` or ``Attachment``."""
+ATTACHMENT_INFO: Final = "AttachmentInfo"
+"""What a lone ``Attachment`` is declared as: the metadata agent code receives."""
+_CONTEXT_MODULE: Final = "capsule.context"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +200,25 @@ class _Canon:
             return _subscript(declared, [self.expr(a) for a in args or []])
         if found.name is None:
             return self.opaque(f"{'.'.join(parts)} is a module, not a type")
+        if found.module == _CONTEXT_MODULE and found.name in ("Result", "Attachment"):
+            return self.files(found.name, args)
         if found.module not in _KNOWN_MODULES:
             return self.opaque(
                 f"{found.name} (from {found.module}) is defined outside the tools folder: "
                 "toolhost declares only plain data and types defined in the tools folder"
             )
         return self.known(found.name, args)
+
+    def files(self, name: str, args: list[ast.expr] | None) -> ast.expr:
+        """A result with files: its value's type (the files come along beside it), or
+        for an attachment alone the metadata agent code receives."""
+        if not self.returning:
+            return self.opaque(f"{name} (from {_CONTEXT_MODULE}) is what a tool returns")
+        if FILES_NOTE not in self.notes:
+            self.notes.append(FILES_NOTE)
+        if name == "Attachment":
+            return ast.Name(ATTACHMENT_INFO)
+        return self.expr(args[0]) if args else ast.Name("Any")
 
     def known(self, name: str, args: list[ast.expr] | None) -> ast.expr:
         if name == "Unknown":
