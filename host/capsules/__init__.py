@@ -19,6 +19,8 @@ from ._process import minimal_env as minimal_env
 from ._sandbox import CodeSandbox as CodeSandbox
 from ._subprocess import check_interpreter as check_interpreter
 from ._supervisor import Supervisor as Supervisor
+from ._transport import ContextFailure as ContextFailure
+from ._transport import ContextHandler as ContextHandler
 from ._transport import FileReport as FileReport
 from ._transport import LoadReport as LoadReport
 from ._transport import LoadRequest as LoadRequest
@@ -34,6 +36,8 @@ __all__ = [
     "CodeSandbox",
     "check_interpreter",
     "Supervisor",
+    "ContextFailure",
+    "ContextHandler",
     "FileReport",
     "LoadReport",
     "LoadRequest",

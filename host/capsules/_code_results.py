@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from capsule import protocol as p
+from capsule.context import Attachment
 from host.errors import HostError, InvalidArguments, NotApproved, PolicyDenied, UnknownTool
 
 __all__ = [
@@ -75,6 +76,12 @@ class CodeResult(_Model):
     warnings: list[str] = Field(default_factory=list[str])
     """Things the code should know: calls never awaited, a lost sandbox, a non-plain value."""
     sandbox: SandboxKind = "wasm"
+    attachments: list[Attachment] = Field(default_factory=list[Attachment])
+    """The files the run's tool calls returned, in the order they came (each kept in the
+    session's file area: ``path``). Agent code saw only a tool's value, or for a file
+    alone its metadata (``Attachment.info()``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
 
 def limit_error(limit: str, message: str) -> CodeError:

@@ -35,6 +35,7 @@ import anyio
 import anyio.abc
 
 from capsule import protocol as p
+from capsule.context import Attachment, Result
 from host._events import Event, EventBus
 from host.declare import ToolSpec
 from host.errors import HostError, ToolUnavailable
@@ -97,6 +98,8 @@ class _Run:
         self.scopes: dict[int, anyio.CancelScope] = {}
         self.done: dict[str, Any] | None = None
         self.failure: CodeError | None = None
+        self.files: list[Attachment] = []
+        """The files the run's calls returned (the code saw their values only)."""
 
     def records(self) -> list[CodeCall]:
         """The calls as the result shows them, built once per distinct call (frozen)."""
@@ -408,6 +411,7 @@ class CodeSandbox:
                 calls=run.records(),
                 warnings=warnings,
                 sandbox=self.kind,
+                attachments=run.files,
             )
         assert done is not None
         error: CodeError | None = None
@@ -443,6 +447,7 @@ class CodeSandbox:
             calls=run.records(),
             warnings=warnings,
             sandbox=self.kind,
+            attachments=run.files,
         )
 
     async def _drive(self, guest: Guest, run: _Run) -> None:
@@ -575,6 +580,13 @@ class CodeSandbox:
         value, failure = outcome
         if failure is None:
             run.calls.append((name, decision_of(None, decided), True, None))
+            if isinstance(value, Result):  # the code gets the value; the files go to the result
+                result: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
+                run.files.extend(result.attachments)
+                value = result.value
+            elif type(value) is Attachment:  # a file alone: the code gets its metadata
+                run.files.append(value)
+                value = value.info()
             reply = {"k": p.K_OK, "id": call_id, "value": value}
         else:
             run.calls.append((name, decision_of(failure, decided), False, failure.kind))

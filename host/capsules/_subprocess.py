@@ -276,9 +276,16 @@ class SubprocessTransport:
     def pid(self) -> int:
         return self._process.pid
 
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
+    async def call(
+        self,
+        call_id: int,
+        tool: str,
+        encoded: bytes,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
         try:
-            return await self._connection.call(call_id, tool, encoded, timeout)
+            return await self._connection.call(call_id, tool, encoded, timeout, context)
         except CapsuleCrashed as exc:
             if exc.reason != CLOSED_OUTPUT:
                 raise

@@ -32,7 +32,7 @@ from host._events import EventBus
 from host.declare import Discovery, ToolSpec
 from host.errors import CapsuleCrashed, ToolTimeout, ToolUnavailable
 
-from ._transport import LoadFailed, LoadRequest, Transport, TransportFactory
+from ._transport import ContextHandler, LoadFailed, LoadRequest, Transport, TransportFactory
 
 __all__ = ["Supervisor"]
 
@@ -66,6 +66,9 @@ class Supervisor:
         max_restarts: int,
         restart_window: float,
         unavailable_for: float,
+        max_attachment: int = 16 * 1024 * 1024,
+        context: ContextHandler | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self._discovery = discovery
         self._files = files
@@ -81,6 +84,9 @@ class Supervisor:
         self._max_restarts = max_restarts
         self._window = restart_window
         self._unavailable_for = unavailable_for
+        self._max_attachment = max_attachment
+        self._context = context
+        self._metadata = dict(metadata or {})
         self._transport: Transport | None = None
         self._lock = anyio.Lock()
         self._crashes: deque[float] = deque()
@@ -130,7 +136,7 @@ class Supervisor:
 
     def _request(self, files: list[str]) -> LoadRequest:
         tools = {
-            name: (spec.file, list(spec.path[1:]), spec.param_kinds)
+            name: (spec.file, list(spec.path[1:]), spec.capsule_params, spec.context)
             for name, spec in self._tools.items()
             if spec.file in files
         }
@@ -143,6 +149,8 @@ class Supervisor:
             load_timeout=self._load_timeout,
             max_frame=self._max_frame,
             session=self._session,
+            max_attachment=self._max_attachment,
+            context=self._context,
         )
 
     def _fail_file(self, file: str, reason: str) -> None:
@@ -212,8 +220,20 @@ class Supervisor:
 
     # -- calling -----------------------------------------------------------------------
 
-    async def call(self, call_id: int, spec: ToolSpec, bound: BoundCall, timeout: float) -> Any:
-        """Run one call in the capsule. Raises the typed errors of ``host.errors``."""
+    async def call(
+        self,
+        call_id: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run one call in the capsule. Raises the typed errors of ``host.errors``.
+
+        ``context``: the host's record of the call (``call_id``, ``tool``, ``session``,
+        ``caller``, ``chain``), for a tool that takes a ``ToolContext``; the session's
+        metadata is added here.
+        """
         failed = self.failed_files.get(spec.file)
         if failed is not None:
             raise ToolUnavailable(spec.name, reason=f"{spec.file}.py failed to load: {failed}")
@@ -222,7 +242,10 @@ class Supervisor:
         except _Unavailable as exc:
             raise ToolUnavailable(spec.name, reason=exc.reason) from None
         try:
-            return await transport.call(call_id, spec.name, bound.encoded, timeout)
+            if spec.context is None:
+                return await transport.call(call_id, spec.name, bound.encoded, timeout)
+            info = {**(context or {}), "metadata": self._metadata}
+            return await transport.call(call_id, spec.name, bound.encoded, timeout, info)
         except CapsuleCrashed as exc:
             if self._transport is transport:
                 self._transport = None

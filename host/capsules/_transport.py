@@ -9,6 +9,12 @@ the in-process twin (``host.testing``).
 A reply is matched only to a call id still waiting; an unknown, duplicate or late reply
 is dropped and logged, so it can never complete another call. Any breach of the wire
 rules is a protocol error: the capsule is treated as compromised and killed.
+
+A tool's context reaches the host as ``ctx`` and ``event`` frames naming a call id. The
+connection serves them only for a call it has in flight *and* that it sent with a
+context; anything else is refused (answered with an error, and reported to the
+:class:`ContextHandler`, which audits it). What a request may do is the handler's
+business: it answers from the host's own record of the call, never from the frame.
 """
 
 from __future__ import annotations
@@ -18,15 +24,17 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
 
 from capsule import protocol as p
+from capsule.context import Attachment, Result, files_from_wire, files_to_wire
 from host._events import EventBus
 from host.errors import (
     CapsuleCrashed,
+    HostError,
     LimitExceeded,
     NotSerializable,
     ProtocolError,
@@ -45,6 +53,8 @@ __all__ = [
     "Connection",
     "CapsuleDied",
     "LoadFailed",
+    "ContextHandler",
+    "ContextFailure",
 ]
 
 logger = logging.getLogger("toolhost.capsule")
@@ -61,13 +71,18 @@ class LoadRequest:
     tools_dir: str
     files: Sequence[str]
     """Module names to import, in order."""
-    tools: Mapping[str, tuple[str, list[str], list[tuple[str, int]]]]
-    """Tool name -> (module, attribute path, parameter (name, kind) pairs)."""
+    tools: Mapping[str, tuple[str, list[str], list[tuple[str, int]], str | None]]
+    """Tool name -> (module, attribute path, parameter (name, kind) pairs, the name of its
+    context parameter or None). A context parameter is among the pairs, in its place."""
     cwd: str
     env: Mapping[str, str]
     load_timeout: float = 30.0
     max_frame: int = p.MAX_FRAME
     session: str | None = None
+    max_attachment: int = p.MAX_FRAME
+    """Bytes of files one call's result may carry (``[limits] max_attachment_size``)."""
+    context: ContextHandler | None = None
+    """Who serves the requests of tool contexts (None: every request is refused)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +119,43 @@ class LoadFailed(Exception):
         self.report = report
 
 
+class ContextFailure(Exception):
+    """A context request the handler refuses: ``kind`` (``env_not_allowed``,
+    ``context_limit``, ``context_error``) and a message that says what to do."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class ContextHandler(Protocol):
+    """The host's side of tool contexts, for one session (``host._context``)."""
+
+    async def request(self, call: int, op: str, args: dict[str, Any]) -> Any:
+        """Serve one request of call ``call`` (in flight, sent with a context); return
+        its value, or raise :class:`ContextFailure` or a ``HostError``."""
+        ...
+
+    def event(self, call: int, op: str, args: dict[str, Any]) -> None:
+        """One event of call ``call`` (``emit``, ``progress``)."""
+        ...
+
+    async def refused(self, call: int, op: str, reason: str) -> None:
+        """A request or event for a call that cannot make one (audited)."""
+        ...
+
+
+_CTX_PER_CALL = 16
+"""Context requests one call may have waiting at once; more are refused."""
+_CTX_PER_CAPSULE = 64
+"""Context requests one capsule may have waiting at once; more are refused."""
+_REFUSALS_BURST = 20.0
+_REFUSALS_RATE = 1.0
+"""Refused context frames audited one by one: a burst, then this many per second (the
+rest are counted in one ``context_refused`` event)."""
+
+
 class Transport(Protocol):
     """A started capsule."""
 
@@ -113,9 +165,19 @@ class Transport(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        """Run one call; return its plain-data value or raise a :class:`CallError`.
+    async def call(
+        self,
+        call_id: int,
+        tool: str,
+        encoded: bytes,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run one call; return its plain-data value (or a ``Result``/``Attachment`` the
+        tool returned) or raise a :class:`CallError`.
 
+        ``context``: for a tool that takes a ``ToolContext``, the host's record of the
+        call that the capsule builds it from (only such calls may make context requests).
         Raises :class:`ToolTimeout` when no reply came within ``timeout`` seconds; the
         caller then kills the capsule.
         """
@@ -201,6 +263,18 @@ class Connection:
         self._closed = False
         self._reader = PipeReader(read_fd, self._on_data)
         self.dead: str | None = None
+        self.max_attachment = p.MAX_FRAME
+        """Bytes of files one result may carry: more is a breach (the capsule checks)."""
+        self.context: ContextHandler | None = None
+        self.peer_max_frame = max_frame
+        """The capsule's own frame cap (what an answer to it may take)."""
+        self._contexts: dict[int, set[anyio.CancelScope]] = {}
+        """Calls in flight that were sent with a context -> their requests being served."""
+        self._ctx_waiting = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._refusals = _REFUSALS_BURST
+        self._refusals_stamp = 0.0
+        self._refusals_dropped = 0
 
     # -- raw I/O -----------------------------------------------------------------------
 
@@ -285,11 +359,14 @@ class Connection:
                         "files": list(request.files),
                         "tools": {k: list(v) for k, v in request.tools.items()},
                         "max_frame": request.max_frame,
+                        "max_attachment": request.max_attachment,
                     }
                 )
             )
         except _Broken:
             raise CapsuleDied("the capsule closed its input") from None
+        self.max_attachment = request.max_attachment
+        self.context = request.context
         with anyio.fail_after(request.load_timeout):
             while True:
                 msg = await self._next_message()
@@ -338,6 +415,7 @@ class Connection:
         reason = CLOSED_OUTPUT
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 tg.start_soon(self._writer)
                 tg.start_soon(self._watchdog)
                 try:
@@ -390,6 +468,8 @@ class Connection:
         if kind == p.K_OK:
             value = msg.get("value")
             p.check_plain(value)
+            if "files" in msg:
+                value = self._files(value, msg)
             outcome = "ok"
         elif kind == p.K_ERR:
             value = p.as_map(msg.get("error"))
@@ -398,6 +478,9 @@ class Connection:
             for key in ("type", "message", "traceback", "path"):
                 _text(value, key)
             outcome = "err"
+        elif kind == p.K_CTX or kind == p.K_EVENT:
+            self._context_frame(call_id, kind, msg)
+            return
         else:
             raise p.BadFrame(f"unknown frame kind {kind!r}")
         waiter = self._pending.pop(call_id, None)
@@ -409,6 +492,21 @@ class Connection:
         waiter.value = value
         waiter.event.set()
 
+    def _files(self, value: Any, msg: Mapping[str, Any]) -> Result[Any] | Attachment:
+        """The files of an ``ok`` frame, checked: a capsule checks their size itself, so
+        more than ``max_attachment`` bytes is a breach."""
+        try:
+            result = files_from_wire(value, msg.get("files"), msg.get("as"))
+        except (TypeError, ValueError) as exc:
+            raise p.BadFrame(f"malformed files in a result: {exc}") from None
+        files = (result,) if isinstance(result, Attachment) else result.attachments
+        size = sum(f.size for f in files)
+        if size > self.max_attachment:
+            raise p.BadFrame(
+                f"a result carries {size} bytes of files, over the limit of {self.max_attachment}"
+            )
+        return result
+
     def fail_all(self, reason: str) -> None:
         """Fail every call in flight: the capsule is gone."""
         if self.dead is None:
@@ -418,22 +516,39 @@ class Connection:
             waiter.outcome = "dead"
             waiter.value = reason
             waiter.event.set()
+        contexts, self._contexts = self._contexts, {}
+        for scopes in contexts.values():
+            for scope in scopes:
+                scope.cancel()
 
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        """Send one call and wait for its reply, at most ``timeout`` seconds (+ ``TICK``)."""
+    async def call(
+        self,
+        call_id: int,
+        tool: str,
+        encoded: bytes,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Send one call and wait for its reply, at most ``timeout`` seconds (+ ``TICK``).
+
+        ``context``: the host's record of the call for a tool that takes a context; only
+        such a call may make context requests, and only while it is in flight.
+        """
         if self.dead is not None:
             raise CapsuleCrashed(tool, reason=self.dead, may_have_executed=False)
         waiter = _Waiter(tool, self._clock() + timeout, self._wakeup())
         if not self._pending:
             self._wake.set()
         self._pending[call_id] = waiter
+        frame: dict[str, Any] = {"k": p.K_CALL, "id": call_id, "tool": tool, "args": encoded}
+        if context is not None:
+            frame["ctx"] = dict(context)
+            self._contexts[call_id] = set()
         try:
-            self._write(
-                p.frame({"k": p.K_CALL, "id": call_id, "tool": tool, "args": encoded}),
-                queue=self._coalesce or len(self._pending) > 1,
-            )
+            self._write(p.frame(frame), queue=self._coalesce or len(self._pending) > 1)
         except _Broken:
             self._pending.pop(call_id, None)
+            self._end_context(call_id)
             raise CapsuleCrashed(
                 tool, reason=self.dead or "its input is closed", may_have_executed=False
             ) from None
@@ -445,7 +560,153 @@ class Connection:
                 with contextlib.suppress(_Broken):
                     self._write(p.frame({"k": p.K_CANCEL, "id": call_id}))
             raise
+        finally:
+            if self._contexts:
+                self._end_context(call_id)
         return self._result(waiter, timeout)
+
+    # -- tool contexts -----------------------------------------------------------------
+
+    def _end_context(self, call_id: int) -> None:
+        """The call is over: its context requests still being served are cancelled."""
+        scopes = self._contexts.pop(call_id, None)
+        for scope in scopes or ():
+            scope.cancel()
+
+    def _context_frame(self, call_id: int, kind: str, msg: Mapping[str, Any]) -> None:
+        """A ``ctx`` or ``event`` frame: checked here, served by the handler."""
+        op, args = msg.get("op"), msg.get("args")
+        ops = p.CTX_REQUESTS if kind == p.K_CTX else p.CTX_EVENTS
+        if type(op) is not str or op not in ops:
+            raise p.BadFrame(f"{kind} frames carry an op in {sorted(ops)}")
+        if not isinstance(args, dict):
+            raise p.BadFrame(f"{kind} frames carry their args as a map")
+        p.check_plain(args)
+        arguments: dict[str, Any] = args  # pyright: ignore[reportUnknownVariableType]
+        req: Any = msg.get("req") if kind == p.K_CTX else None
+        if kind == p.K_CTX and (type(req) is not int or req <= 0):
+            raise p.BadFrame("ctx frames carry a positive int req")
+        handler = self.context
+        scopes = self._contexts.get(call_id)
+        if handler is None or scopes is None:
+            why = (
+                f"call {call_id} is not in flight on this capsule"
+                if call_id not in self._pending
+                else f"call {call_id} was sent without a context (its tool takes none)"
+            )
+            self._refuse(call_id, req, op, why)
+            return
+        if req is None:
+            handler.event(call_id, op, arguments)
+            return
+        if len(scopes) >= _CTX_PER_CALL or self._ctx_waiting >= _CTX_PER_CAPSULE:
+            limit = _CTX_PER_CALL if len(scopes) >= _CTX_PER_CALL else _CTX_PER_CAPSULE
+            self._answer(
+                req,
+                False,
+                {
+                    "kind": "context_limit",
+                    "message": f"ctx.{op}: more than {limit} context requests are waiting "
+                    "for the host: await them before making more",
+                },
+            )
+            return
+        assert self._tg is not None
+        self._tg.start_soon(self._serve_context, handler, call_id, req, op, arguments)
+
+    async def _serve_context(
+        self, handler: ContextHandler, call_id: int, req: int, op: str, args: dict[str, Any]
+    ) -> None:
+        scopes = self._contexts.get(call_id)
+        if scopes is None:  # the call ended before this request was picked up
+            self._refuse(call_id, req, op, f"call {call_id} is not in flight on this capsule")
+            return
+        self._ctx_waiting += 1
+        with anyio.CancelScope() as scope:
+            scopes.add(scope)
+            try:
+                value = await handler.request(call_id, op, args)
+            except ContextFailure as exc:
+                self._answer(req, False, {"kind": exc.kind, "message": exc.message})
+            except HostError as exc:
+                self._answer(req, False, exc.to_data())
+            else:
+                self._answer(req, True, value)
+            finally:
+                scopes.discard(scope)
+                self._ctx_waiting -= 1
+
+    def _answer(self, req: int, ok: bool, value: Any) -> None:
+        """Send the answer to context request ``req`` (nothing if the pipe is gone)."""
+        frame: dict[str, Any] = {"k": p.K_ANSWER, "req": req, "ok": ok}
+        if not ok:
+            error: dict[str, Any] = value
+            frame["error"] = {
+                k: v
+                for k, v in error.items()
+                if isinstance(v, (str, int, float, bool)) or v is None
+            }
+        elif isinstance(value, (Result, Attachment)):
+            inner, files, shape = files_to_wire(cast("Result[Any] | Attachment", value))
+            frame.update(value=inner, files=files, **{"as": shape})
+        else:
+            frame["value"] = value
+        try:
+            data = p.frame(frame)
+        except (TypeError, ValueError, OverflowError) as exc:
+            data = p.frame(
+                {
+                    "k": p.K_ANSWER,
+                    "req": req,
+                    "ok": False,
+                    "error": {"kind": "context_error", "message": f"unencodable answer: {exc}"},
+                }
+            )
+        if len(data) - 4 > self.peer_max_frame:
+            data = p.frame(
+                {
+                    "k": p.K_ANSWER,
+                    "req": req,
+                    "ok": False,
+                    "error": {
+                        "kind": "limit_exceeded",
+                        "limit": "max_frame",
+                        "message": f"the answer takes {len(data) - 4} bytes, over the "
+                        f"capsule's frame cap of {self.peer_max_frame} ([limits] max_frame)",
+                    },
+                }
+            )
+        with contextlib.suppress(_Broken):
+            self._write(data)
+
+    def _refuse(self, call_id: int, req: int | None, op: str, why: str) -> None:
+        """Refuse a context frame for a call that cannot make one; audit it (within a
+        budget: a capsule that floods these cannot flood the audit)."""
+        if req is not None:
+            self._answer(
+                req,
+                False,
+                {"kind": "context_closed", "message": f"ctx.{op} refused: {why}"},
+            )
+        now = self._clock()
+        self._refusals = min(
+            _REFUSALS_BURST, self._refusals + (now - self._refusals_stamp) * _REFUSALS_RATE
+        )
+        self._refusals_stamp = now
+        handler = self.context
+        if self._refusals < 1 or handler is None or self._tg is None:
+            self._refusals_dropped += 1
+            self._events.emit(
+                "context_refused",
+                self._session,
+                call=call_id,
+                op=op,
+                reason=why,
+                unaudited=self._refusals_dropped,
+            )
+            return
+        self._refusals -= 1
+        self._tg.start_soon(handler.refused, call_id, op, why)
 
     @staticmethod
     def _result(waiter: _Waiter, timeout: float) -> Any:
@@ -468,7 +729,9 @@ class Connection:
         if kind == p.E_NOT_SERIALIZABLE:
             raise NotSerializable(tool, type_name=error.get("type", ""), path=error.get("path", ""))
         if kind == p.E_TOO_LARGE:
-            raise LimitExceeded("max_frame", error.get("message", ""), tool=tool)
+            limit = error.get("type", "")
+            limit = limit if limit in ("max_frame", "max_attachment_size") else "max_frame"
+            raise LimitExceeded(limit, error.get("message", ""), tool=tool)
         raise ProtocolError(f"the capsule could not run {tool}: {error.get('message', '')}")
 
     def close(self) -> None:

@@ -160,8 +160,18 @@ class _Mixed:
     def alive(self) -> bool:
         return all(part.alive for part in self._parts)
 
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        return await self._routes[tool].call(call_id, tool, encoded, timeout)
+    async def call(
+        self,
+        call_id: int,
+        tool: str,
+        encoded: bytes,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        route = self._routes[tool]
+        if context is None:
+            return await route.call(call_id, tool, encoded, timeout)
+        return await route.call(call_id, tool, encoded, timeout, context)
 
     async def kill(self, reason: str) -> None:
         for part in self._parts:

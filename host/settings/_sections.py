@@ -57,6 +57,12 @@ class Limits(_Model):
     """Bytes the encoded arguments of one call may take; more is refused before policy."""
     max_frame: Size = 16 * 1024**2
     """Bytes one frame may take on the wire (results included)."""
+    max_attachment_size: Size = 16 * 1024**2
+    """Bytes of files (attachments) one call's result may carry, all files together."""
+    max_value_size: Size = 1024**2
+    """Bytes one value of a session's key-value store (``ctx.set_value``) may take encoded."""
+    max_session_store: Size = 16 * 1024**2
+    """Bytes all the values of one session's key-value store may take together."""
     max_restarts: int = Field(default=5, gt=0)
     """Crashes within ``restart_window`` after which a capsule's tools are unavailable."""
     restart_window: Duration = 60.0
