@@ -143,6 +143,13 @@ def _literal_default(tool: str, param: Param) -> tuple[bool, Any]:
 def bind(spec: ToolSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> BoundCall:
     """Bind ``args``/``kwargs`` to ``spec``'s signature. Raises :class:`InvalidArguments`."""
     tool = spec.name
+    if spec.context is not None and spec.context in kwargs:
+        raise InvalidArguments(
+            tool,
+            f"{spec.context!r} is the tool's context: the host fills it in for each call, "
+            "and no caller can pass it",
+            parameter=spec.context,
+        )
     bound: dict[str, Any] = {}
     params = spec.params
     remaining = dict(kwargs)

@@ -186,6 +186,16 @@ class Redactor:
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
+    def add(self, name: str, value: str) -> None:
+        """Redact ``value`` from now on too, shown as ``⟨secret NAME⟩`` (a secret a tool
+        set for its session; it stays redacted for the host's lifetime)."""
+        if not value or (name, value) in self._secrets:
+            return
+        secrets = sorted([*self._secrets, (name, value)], key=lambda item: -len(item[1]))
+        self._raw = [(n, v.encode("utf-8", "surrogatepass")) for n, v in secrets]
+        self._markers = {f"⟨secret {n}⟩": n for n, _ in secrets}
+        self._secrets = secrets
+
     def __repr__(self) -> str:  # names only, never values
         return f"<Redactor {[name for name, _ in self._secrets]}>"
 

@@ -9,16 +9,22 @@ access where every call is awaitable, whatever the tool's body.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
+from capsule.protocol import encode
+
+from ._binding import check_value
+from ._context import SessionContext
 from ._display import Redactor
 from ._events import EventBus
 from ._mediator import Caller, Mediator
@@ -56,6 +62,11 @@ from .policy import (
 from .settings import Limits
 
 __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
+
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
+MAX_METADATA: Final = 64 * 1024
+"""Bytes a session's metadata may take encoded (it goes with every call to a tool that
+takes a context)."""
 
 
 def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -165,10 +176,21 @@ def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResu
 class Session:
     """One agent conversation: its own tool capsule and its own module state."""
 
-    def __init__(self, host: Host, session_id: str, supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        host: Host,
+        session_id: str,
+        supervisor: Supervisor,
+        context: SessionContext | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
         self._host = host
         self.id = session_id
         self.supervisor = supervisor
+        self.context = context
+        """Serves the requests of the tool contexts of this session's calls."""
+        self.metadata: Mapping[str, Any] = MappingProxyType(dict(metadata or {}))
+        """Read-only values the app gave the session (tools see them as ``ctx.metadata``)."""
         self.tools = _tree(self.call_as, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
@@ -297,6 +319,7 @@ class Host:
         capsule: TransportFactory | None = None,
         approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
+        session: str | None = None,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
 
@@ -313,6 +336,9 @@ class Host:
                 (an ``InboxApprover`` over this host's store).
             store: the state database (default: ``SQLiteStore`` at
                 ``PROJECT/.agent/state.db``); the host opens and closes it.
+            session: the default session's id (letters, digits, ``_``, ``-``; at most
+                64): give the id of an earlier session to find its key-value store and
+                files again. Default: a new random id.
 
         Raises:
             DeclarationError: a tool file cannot be read or its names clash.
@@ -355,7 +381,7 @@ class Host:
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:
-                    host._default = await host._open_session()
+                    host._default = await host._open_session(session)
                     yield host
                 finally:
                     with anyio.CancelScope(shield=True):
@@ -403,8 +429,36 @@ class Host:
         passed.update(env_config.set)
         return minimal_env(passed)
 
-    async def _open_session(self) -> Session:
-        session_id = uuid.uuid4().hex[:12]
+    def _session_id(self, session_id: str | None) -> str:
+        if session_id is None:
+            return uuid.uuid4().hex[:12]
+        if type(session_id) is not str or not _SESSION_ID.fullmatch(session_id):  # pyright: ignore[reportUnnecessaryComparison]
+            raise HostError(f"session id {session_id!r}: use 1 to 64 letters, digits, '_' or '-'")
+        if any(s.id == session_id for s in self._sessions):
+            raise HostError(f"session {session_id} is already open in this host")
+        return session_id
+
+    @staticmethod
+    def _metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        if metadata is None:
+            return {}
+        try:
+            plain = check_value("session", "metadata", dict(metadata))
+        except HostError as exc:
+            raise HostError(f"session metadata must be plain data: {exc}") from None
+        size = len(encode(plain))
+        if size > MAX_METADATA:
+            raise HostError(
+                f"session metadata takes {size} bytes encoded, over the limit of {MAX_METADATA}"
+            )
+        return plain
+
+    async def _open_session(
+        self, session_id: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> Session:
+        session_id = self._session_id(session_id)
+        values = self._metadata(metadata)
+        context = SessionContext(self.mediator, self.events, session_id)
         limits = self.config.limits
         files = [f.module for f in self.discovery.files if not f.private]
         supervisor = Supervisor(
@@ -422,8 +476,12 @@ class Host:
             max_restarts=limits.max_restarts,
             restart_window=limits.restart_window,
             unavailable_for=limits.unavailable_for,
+            max_attachment=limits.max_attachment_size,
+            context=context,
+            metadata=values,
         )
-        session = Session(self, session_id, supervisor)
+        context.supervisor = supervisor
+        session = Session(self, session_id, supervisor, context, values)
         self._sessions.add(session)
         try:
             await supervisor.ensure()
@@ -501,9 +559,19 @@ class Host:
         await self.default_session.reset_code()
 
     @asynccontextmanager
-    async def session(self) -> AsyncGenerator[Session]:
-        """A new isolated session with its own capsule, closed on exit."""
-        session = await self._open_session()
+    async def session(
+        self, id: str | None = None, *, metadata: Mapping[str, Any] | None = None
+    ) -> AsyncGenerator[Session]:
+        """A new isolated session with its own capsule, closed on exit.
+
+        Args:
+            id: the session's id (letters, digits, ``_``, ``-``; at most 64). Give the id
+                of an earlier session to find its key-value store and files again (also
+                after a host restart); default: a new random id.
+            metadata: read-only plain data for the session's tools (``ctx.metadata``), at
+                most 64 KiB encoded: who the user is, what the conversation is about.
+        """
+        session = await self._open_session(id, metadata)
         try:
             yield session
         finally:

@@ -2,6 +2,12 @@
 
 bind -> validate -> decide -> escalate -> audit -> dispatch -> audit the outcome.
 
+A call a tool makes through its context is just another call here, with caller ``tool``
+and the :class:`CallFrame` of the call that made it (``parent``): it is refused if that
+tool's ``uses`` does not list it, if the chain is already :data:`MAX_CHAIN` tools deep or
+already holds the tool, and decided for caller ``tool`` and for the caller at the top of
+the chain (the stricter decision wins); its audit record carries the chain.
+
 The mediator resolves the tool name exactly (never fuzzily), binds and checks the
 arguments against the signature, freezes them as canonical bytes, asks the policy in
 force for a decision (one version per call), takes the call's place in its quotas,
@@ -23,20 +29,24 @@ import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from hashlib import sha256
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+
+from capsule.context import Attachment, Result
 
 from ._binding import BoundCall, bind
 from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
-from .audit import DONE, AuditRecord, Outcome, Store, StoreUnavailable
+from .audit import DONE, AuditRecord, Outcome, Store, StoreFull, StoreUnavailable
 from .declare import ArgumentValidator, Discovery, Scope, ToolSpec
 from .errors import (
     CallError,
     HostError,
     InvalidArguments,
+    LimitExceeded,
     NotApproved,
     PolicyDenied,
     UnknownTool,
@@ -59,10 +69,68 @@ from .settings import Caller
 if TYPE_CHECKING:
     from .capsules import Supervisor
 
-__all__ = ["Caller", "Decision", "Mediator"]
+__all__ = ["Caller", "CallFrame", "Decision", "Mediator", "MAX_CHAIN"]
 
 _ERROR_TEXT = 500
 """Characters of an error message kept in the audit (after redaction)."""
+
+MAX_CHAIN: Final = 8
+"""Most tools a chain of nested calls may hold above a call (``ctx.call`` depth)."""
+
+_FILES: Final[tuple[type, ...]] = (Result, Attachment)
+_STRICTNESS: Final = {"allow": 0, "escalate": 1, "deny": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class CallFrame:
+    """A call in flight to a tool that takes a context: the host's own record of it.
+
+    Context requests of that call are answered from this, never from what the capsule
+    says; a nested call is made with this as its parent.
+    """
+
+    number: int
+    """The call's id on the wire."""
+    call_id: str
+    """Its id in the audit trail."""
+    session: str
+    tool: str
+    caller: Caller
+    chain: tuple[str, ...]
+    """The callers above the call, outermost first: the caller that started it all, then
+    each tool that made the next call."""
+    uses: tuple[str, ...] | None
+    """The tools this one may call (its ``__uses__``); None: any, as policy decides."""
+    root: Caller
+    """The caller that started the chain (``chain[0]``)."""
+
+    def info(self) -> dict[str, Any]:
+        """What the capsule builds the call's ``ToolContext`` from."""
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "session": self.session,
+            "caller": self.caller,
+            "chain": list(self.chain),
+        }
+
+
+def _stricter(mine: Decision, root: Decision, caller: str) -> Decision:
+    """The stricter of a nested call's decision for caller ``tool`` and for the caller at
+    the top of its chain (deny > escalate > allow; on a tie, the one for ``tool``)."""
+    if _STRICTNESS[root.decision] <= _STRICTNESS[mine.decision]:
+        return mine
+    reason = f"decided for the original caller {caller}" + (
+        f": {root.reason}" if root.reason else ""
+    )
+    return Decision(
+        decision=root.decision,
+        rule=root.rule,
+        reason=reason,
+        policy_version=root.policy_version,
+        matched=root.matched,
+        approvers=root.approvers,
+    )
 
 
 def _shown_name(name: object) -> str:
@@ -104,6 +172,8 @@ class Mediator:
         """Checks bound arguments against each tool's input schema (compiled once per tool)."""
         self.quotas = Quotas()
         self.escalations = Escalations(approver, store, events, host_id)
+        self._frames: dict[int, CallFrame] = {}
+        """Calls in flight to tools that take a context, by wire id."""
         self._redactor = (
             events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
         )
@@ -124,7 +194,8 @@ class Mediator:
         self._validator = ArgumentValidator(scope) if scope is not None else None
 
     def redact(self, text: str) -> str:
-        """``text`` with the values of ``[env] secret`` variables replaced."""
+        """``text`` with the values of ``[env] secret`` variables replaced (and of the
+        secrets tools set for their sessions)."""
         return self._redactor.text(text)
 
     @property
@@ -155,6 +226,17 @@ class Mediator:
                         fields[name] = redact(value)
                 current.args = tuple(redact(a) if type(a) is str else a for a in current.args)
             current = current.__cause__ or current.__context__
+
+    def add_secret(self, name: str, value: str) -> None:
+        """Redact ``value`` everywhere from now on (a secret set through a tool context):
+        in the audit, errors and results here, and in every event."""
+        self._redactor.add(name, value)
+        if self.events.redactor is not self._redactor:
+            self.events.redactor.add(name, value)
+
+    def frame(self, number: int) -> CallFrame | None:
+        """The call in flight with this wire id, if it is one to a tool with a context."""
+        return self._frames.get(number)
 
     def forget_session(self, session: str) -> None:
         """Drop a closed session's quotas and remembered answers."""
@@ -201,10 +283,15 @@ class Mediator:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         caller: Caller,
+        parent: CallFrame | None = None,
     ) -> Any:
-        """One mediated call, from name to value."""
+        """One mediated call, from name to value.
+
+        ``parent``: for a call a tool made through its context (caller ``tool``), the
+        frame of the call that made it.
+        """
         try:
-            return await self._call(supervisor, session, name, args, kwargs, caller)
+            return await self._call(supervisor, session, name, args, kwargs, caller, parent)
         except HostError as exc:
             if self._redactor:
                 self._redact_error(exc)
@@ -218,26 +305,46 @@ class Mediator:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         caller: Caller,
+        parent: CallFrame | None = None,
     ) -> Any:
         number = next(self._ids)
         call_id = f"{self.host_id}.{number}"
         started = time.time()
         policy_version: str | None = None
         tool: str | None = None
+        chain: tuple[str, ...] = (caller,)
+        chain_text: str | None = None
+        root = caller
+        if parent is not None:
+            caller, root = "tool", parent.root
+            chain = (*parent.chain, parent.tool)
+            chain_text = f"{' > '.join(chain)} ({parent.call_id})"
         try:
             policy = self.policy.current()  # one version for the whole call
             policy_version = policy.version
             spec = self.lookup(name)
             tool = spec.name
+            if parent is not None:
+                _check_nested(parent, chain, spec)
             bound = self.bind(spec, args, kwargs)
         except HostError as exc:  # unknown tool, invalid or huge arguments, broken policy
             shown = tool if tool is not None else _shown_name(name)
             record = AuditRecord(
-                call_id, self.host_id, started, session, caller, shown, "started", policy_version
+                call_id,
+                self.host_id,
+                started,
+                session,
+                caller,
+                shown,
+                "started",
+                policy_version,
+                chain=chain_text,
             )
             await self._refused(record, exc)
             raise
         decision = self.decide(spec, bound, caller, policy)
+        if parent is not None:
+            decision = _stricter(decision, self.decide(spec, bound, root, policy), root)
         record = AuditRecord(
             call_id=call_id,
             host_id=self.host_id,
@@ -252,6 +359,7 @@ class Mediator:
             args_sha256=sha256(bound.encoded).hexdigest(),
             args_size=len(bound.encoded),
             args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
+            chain=chain_text,
         )
         self.events.emit(
             "policy_decision",
@@ -262,22 +370,83 @@ class Mediator:
             decision=decision.decision,
             rule=decision.rule,
             policy_version=policy_version,
+            **({} if parent is None else {"chain": chain}),
         )
-        ticket = await self._admit(record, decision, policy, bound)
+        ticket = await self._admit(record, decision, policy, bound, chain)
+        frame: CallFrame | None = None
+        if spec.context is not None:
+            frame = CallFrame(number, call_id, session, tool, caller, chain, spec.uses, root)
+            self._frames[number] = frame
         try:
             if ticket is not None:  # the approval is spent here, on exactly these bytes
                 ticket.redeem(call_id, session, tool, bound.encoded)
-            value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
+            timeout = self._config.limits.call_timeout
+            if frame is None:
+                value = await supervisor.call(number, spec, bound, timeout)
+            else:
+                value = await supervisor.call(number, spec, bound, timeout, frame.info())
+            if type(value) in _FILES:
+                await self._keep_files(record, value)
         except BaseException as exc:
             await self._finish(record, exc)
             raise
+        finally:
+            if frame is not None:
+                del self._frames[number]
         await self._finish(record, None)
         if self.redacts_results(caller, policy):
+            if isinstance(value, Result):  # the value is what is shown; files stay bytes
+                files: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
+                return Result(self._redactor.value(files.value), files.attachments)
             value = self._redactor.value(value)
         return value
 
+    async def _keep_files(self, record: AuditRecord, value: Result[Any] | Attachment) -> None:
+        """Keep the files of a result in the session's file area; set each one's path."""
+        files = (value,) if isinstance(value, Attachment) else value.attachments
+        try:
+            kept = await self.store.save_files(
+                record.session,
+                record.call_id,
+                [(f.name, f.mime_type, f.data, f.width, f.height) for f in files],
+            )
+        except (StoreUnavailable, StoreFull, OSError, ValueError) as exc:
+            raise HostError(
+                f"{record.tool} ran, but the files it returned could not be kept: "
+                f"{self._redactor.text(str(exc))}"
+            ) from None
+        for attachment, stored in zip(files, kept, strict=True):
+            attachment.path = stored.path
+
+    async def refuse_context(self, session: str, op: str, reason: str) -> None:
+        """Audit a context request the host refused (its call was not in flight on the
+        capsule that sent it, or took no context)."""
+        number = next(self._ids)
+        now = time.time()
+        record = AuditRecord(
+            call_id=f"{self.host_id}.{number}",
+            host_id=self.host_id,
+            started=now,
+            session=session,
+            caller="tool",
+            tool=f"ctx.{_shown_name(op)}",
+            outcome="denied",
+            ended=now,
+            error_kind="context_refused",
+            error=self._redactor.text(reason)[:_ERROR_TEXT],
+        )
+        self.events.emit(
+            "context_refused", session, call_id=record.call_id, op=op, reason=record.error
+        )
+        await self._write(record, None)
+
     async def _admit(
-        self, record: AuditRecord, decision: Decision, policy: Policy, bound: BoundCall
+        self,
+        record: AuditRecord,
+        decision: Decision,
+        policy: Policy,
+        bound: BoundCall,
+        chain: tuple[str, ...] = (),
     ) -> Ticket | None:
         """Deny, or reserve quota, escalate and audit the decision before dispatch."""
         tool = record.tool
@@ -305,6 +474,7 @@ class Mediator:
                         redactor=self._redactor,
                         approvers=decision.approvers,
                         description=self._description(tool),
+                        chain=chain,
                     )
                 )
                 record = record._replace(approval=ticket.how)
@@ -399,3 +569,31 @@ class Mediator:
             self.events.emit(
                 "audit_unavailable", record.session, call_id=record.call_id, reason=str(exc)
             )
+
+
+def _check_nested(parent: CallFrame, chain: tuple[str, ...], spec: ToolSpec) -> None:
+    """Refuse a nested call its tool may not make: outside its ``uses``, too deep, or a
+    cycle (the tool is already in the chain)."""
+    if parent.uses is not None and spec.name not in parent.uses:
+        raise PolicyDenied(
+            spec.name,
+            rule="uses",
+            reason=f"{parent.tool} may call only the tools its __uses__ lists "
+            f"({', '.join(parent.uses) or 'none'}); add {spec.name!r} to its entry "
+            "to let it call this one",
+        )
+    tools = chain[1:]
+    if len(tools) > MAX_CHAIN:
+        raise LimitExceeded(
+            "call_depth",
+            f"nested calls are {len(tools)} tools deep ({' > '.join(chain)}), over "
+            f"the limit of {MAX_CHAIN}",
+            tool=spec.name,
+        )
+    if spec.name in tools:
+        raise PolicyDenied(
+            spec.name,
+            rule="call_cycle",
+            reason=f"{spec.name} is already in the chain {' > '.join(chain)}: a tool "
+            "cannot reach itself through nested calls",
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -26,10 +27,31 @@ from capsule import _registry  # pyright: ignore[reportPrivateUsage]
 from capsule import protocol as p
 from capsule._convert import NotPlainData, to_plain  # pyright: ignore[reportPrivateUsage]
 from capsule._serve import error_data, split_arguments  # pyright: ignore[reportPrivateUsage]
+from capsule.context import (
+    Attachment,
+    Result,
+    ToolContext,
+    files_from_wire,
+    files_to_wire,
+)
 
 from ._events import EventBus
-from .capsules import FileReport, LoadReport, LoadRequest, TransportFactory
-from .errors import CapsuleCrashed, LimitExceeded, NotSerializable, ToolError, ToolTimeout
+from .capsules import (
+    ContextFailure,
+    ContextHandler,
+    FileReport,
+    LoadReport,
+    LoadRequest,
+    TransportFactory,
+)
+from .errors import (
+    CapsuleCrashed,
+    HostError,
+    LimitExceeded,
+    NotSerializable,
+    ToolError,
+    ToolTimeout,
+)
 
 __all__ = ["InProcessTransport", "in_process"]
 
@@ -72,17 +94,38 @@ class InProcessTransport:
                 continue
             modules[file] = module
             self._report.files[file] = FileReport(exports=exports)
-        for name, (file, path, params) in request.tools.items():
+        for name, (file, path, params, context) in request.tools.items():
             if file in modules:
-                self._targets[name] = _registry.resolve(modules[file], name, path, params)
+                self._targets[name] = _registry.resolve(modules[file], name, path, params, context)
         self._report.python = ".".join(map(str, sys.version_info[:3]))
 
-    async def call(self, call_id: int, tool: str, encoded: bytes, timeout: float) -> Any:
-        del call_id
+    async def call(
+        self,
+        call_id: int,
+        tool: str,
+        encoded: bytes,
+        timeout: float,
+        context: Mapping[str, Any] | None = None,
+    ) -> Any:
         if self._dead is not None:
             raise CapsuleCrashed(tool, reason=self._dead, may_have_executed=False)
         target = self._targets[tool]
-        args, kwargs = split_arguments(target.params, p.decode(encoded))
+        bound = p.decode(encoded)
+        ctx: ToolContext | None = None
+        if target.context is not None:
+            info = dict(context or {})
+            ctx = ToolContext(
+                tool=str(info.get("tool", tool)),
+                call_id=str(info.get("call_id", "")),
+                session=str(info.get("session", "")),
+                caller=str(info.get("caller", "")),
+                chain=[str(c) for c in info.get("chain") or ()],
+                metadata=info.get("metadata") or {},
+                channel=_Channel(self._request.context),
+                call=call_id,
+            )
+            bound[target.context] = ctx
+        args, kwargs = split_arguments(target.params, bound)
         self.calls += 1
         cancelled = anyio.get_cancelled_exc_class()
         result: Any = None
@@ -94,8 +137,10 @@ class InProcessTransport:
                     result = await anyio.to_thread.run_sync(lambda: target.fn(*args, **kwargs))
             if scope.cancelled_caught:
                 raise ToolTimeout(tool, timeout=timeout)
+            if isinstance(result, (Result, Attachment)):
+                return self._files(tool, result)  # pyright: ignore[reportUnknownArgumentType]
             body = p.encode(to_plain(result))
-        except (ToolTimeout, cancelled):
+        except (ToolTimeout, LimitExceeded, cancelled):
             raise
         except NotPlainData as exc:
             raise NotSerializable(tool, type_name=exc.type_name, path=exc.path) from None
@@ -107,14 +152,58 @@ class InProcessTransport:
                 error_message=error["message"],
                 traceback=error["traceback"],
             ) from None
+        finally:
+            if ctx is not None:
+                ctx._close()  # pyright: ignore[reportPrivateUsage]
         if len(body) > self._request.max_frame:
             raise LimitExceeded("max_frame", f"the result is {len(body)} bytes", tool=tool)
         value = p.decode(body)
         p.check_plain(value)
         return value
 
+    def _files(self, tool: str, result: Result[Any] | Attachment) -> Any:
+        """A result with files, as it would cross the wire (checked, copied)."""
+        value, files, shape = files_to_wire(result)
+        size = sum(len(f[2]) for f in files)
+        if size > self._request.max_attachment:
+            raise LimitExceeded(
+                "max_attachment_size",
+                f"the attachments take {size} bytes, over the limit of "
+                f"{self._request.max_attachment}",
+                tool=tool,
+            )
+        value = p.decode(p.encode(to_plain(value)))
+        return files_from_wire(value, files, shape)
+
     async def kill(self, reason: str) -> None:
         self._dead = reason
+
+
+class _Channel:
+    """A tool context's channel in the twin: requests go straight to the host's handler,
+    their answers as they would cross the wire."""
+
+    def __init__(self, handler: ContextHandler | None) -> None:
+        self._handler = handler
+
+    async def request(self, call: int, op: str, args: dict[str, Any]) -> tuple[bool, Any]:
+        handler = self._handler
+        if handler is None:
+            return False, {"kind": "context_closed", "message": "no host serves contexts here"}
+        try:
+            value = await handler.request(call, op, p.decode(p.encode(args)))
+        except ContextFailure as exc:
+            return False, {"kind": exc.kind, "message": exc.message}
+        except HostError as exc:
+            return False, exc.to_data()
+        if isinstance(value, (Result, Attachment)):
+            inner, files, shape = files_to_wire(value)  # pyright: ignore[reportUnknownArgumentType]
+            return True, files_from_wire(inner, files, shape)
+        return True, p.decode(p.encode(value))
+
+    def notify(self, call: int, op: str, args: dict[str, Any]) -> None:
+        if self._handler is not None:
+            self._handler.event(call, op, p.decode(p.encode(args)))
 
 
 def in_process() -> TransportFactory:

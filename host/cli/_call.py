@@ -1,8 +1,9 @@
 """``toolhost call`` and ``toolhost run``: one mediated call, or a trusted script.
 
 ``call`` makes one call as caller ``app`` and prints its value (``--json``: one object,
-``{"ok", "value"}`` or ``{"ok": false, "error"}``); ``run`` runs a script with every tool
-as a global, as caller ``script``.
+``{"ok", "value"}`` or ``{"ok": false, "error"}``, plus ``"attachments"`` when the tool
+returned files: their metadata and where the host keeps them); ``run`` runs a script with
+every tool as a global, as caller ``script``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ from ._common import (
     approver_of,
     call_arguments,
     dumps,
+    files_data,
     open_host,
+    print_files,
     project_dir,
+    split_files,
 )
 
 __all__ = ["CALL_COMMANDS"]
@@ -55,12 +59,19 @@ async def _call(args: argparse.Namespace) -> int:
             else:
                 print(f"error: {exc}", file=sys.stderr)
             return 1
+    value, files = split_files(value)
     if args.json:
-        print(dumps({"ok": True, "value": value}))
-    elif isinstance(value, str):
+        print(
+            dumps(
+                {"ok": True, "value": value} | ({"attachments": files_data(files)} if files else {})
+            )
+        )
+        return 0
+    if isinstance(value, str):
         print(value)
-    else:
+    elif value is not None or not files:
         print(dumps(value, pretty=True))
+    print_files(files)
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, cast
 
+from capsule.context import Attachment, Result
 from host._events import Event
 from host._host import Host
 from host.declare import default_project
@@ -34,6 +35,9 @@ __all__ = [
     "print_events",
     "note",
     "open_host",
+    "files_data",
+    "split_files",
+    "print_files",
 ]
 
 
@@ -272,3 +276,25 @@ def approver_of(args: argparse.Namespace) -> Approver | Literal["inbox"] | None:
         )
         return "inbox"
     return None
+
+
+def files_data(files: Sequence[Attachment]) -> list[dict[str, Any]]:
+    """Attachments as ``--json`` shows them: their metadata and where the host keeps them."""
+    return [{**f.info(), "path": f.path} for f in files]
+
+
+def split_files(value: Any) -> tuple[Any, list[Attachment]]:
+    """A call's value and its files: a ``Result``'s value, an ``Attachment`` alone's None."""
+    if isinstance(value, Result):
+        result: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
+        return result.value, list(result.attachments)
+    if isinstance(value, Attachment):
+        return None, [value]
+    return value, []
+
+
+def print_files(files: Sequence[Attachment]) -> None:
+    """One line per file, after the value: ``attachment: NAME (TYPE, SIZE) at PATH``."""
+    for f in files:
+        size = f"{f.width}x{f.height}, " if f.width and f.height else ""
+        print(f"attachment: {f.name} ({f.mime_type}, {size}{f.size} bytes) at {f.path}")

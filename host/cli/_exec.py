@@ -25,7 +25,9 @@ from ._common import (
     add_approver_option,
     approver_of,
     dumps,
+    files_data,
     open_host,
+    print_files,
     project_dir,
 )
 
@@ -48,7 +50,7 @@ def result_data(result: CodeResult) -> dict[str, Any]:
         ],
         "error": error,
         "warnings": result.warnings,
-    }
+    } | ({"attachments": files_data(result.attachments)} if result.attachments else {})
 
 
 async def _source(args: argparse.Namespace) -> str:
@@ -76,6 +78,7 @@ async def _exec(args: argparse.Namespace) -> int:
     if result.ok and result.value is not None:
         value = result.value
         print(value if isinstance(value, str) else dumps(value, pretty=True))
+    print_files(result.attachments)
     for warning in result.warnings:
         print(f"toolhost: warning: {warning}", file=sys.stderr)
     if result.error is not None:

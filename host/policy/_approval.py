@@ -146,6 +146,10 @@ class ApprovalRequest:
         is cut, so it can be long (page it). Built when asked, not before."""
         return render_full(self.arguments, redactor=self.redactor)
 
+    chain: tuple[str, ...] = ()
+    """The callers above the call, outermost first: the caller that started it all, then
+    each tool whose context made the next call (``("agent", "send_email")``)."""
+
     def allow(self, remember: Remember = "once", scope: Scope = "call") -> Approval:
         """An allow that counts for this request only."""
         return Approval(True, remember, scope, request_id=self.id)
@@ -243,6 +247,8 @@ class Escalation:
     """The channels whose allow counts (from the decision); None: any."""
     description: str | None = None
     """The tool's description, shown to the person asked."""
+    chain: tuple[str, ...] = ()
+    """The callers above the call, outermost first (see :attr:`ApprovalRequest.chain`)."""
 
 
 class Escalations:
@@ -356,6 +362,7 @@ class Escalations:
             description=e.description,
             elided=rendered.elided,
             redactor=e.redactor,
+            chain=e.chain,
         )
         now = time.time()
         await self._store.add_pending(

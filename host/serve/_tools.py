@@ -21,12 +21,15 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
+from urllib.parse import quote
 
 import mcp.types as types
 
+from capsule.context import Attachment, Result
 from host.capsules import CodeResult
 from host.declare import (
     POSITIONAL_ONLY,
@@ -315,14 +318,42 @@ def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallTool
     )
 
 
+def _file_content(files: Sequence[Attachment]) -> list[types.ContentBlock]:
+    """Files a tool returned: an image as image content, anything else as an embedded
+    resource (its bytes base64, named by a ``toolhost-file:`` URI of its kept name)."""
+    blocks: list[types.ContentBlock] = []
+    for f in files:
+        data = base64.b64encode(f.data).decode("ascii")
+        if f.mime_type.startswith("image/"):
+            blocks.append(types.ImageContent(type="image", data=data, mime_type=f.mime_type))
+        else:
+            name = os.path.basename(f.path) if f.path else f.name
+            blocks.append(
+                types.EmbeddedResource(
+                    type="resource",
+                    resource=types.BlobResourceContents(
+                        uri=f"toolhost-file:{quote(name)}", mime_type=f.mime_type, blob=data
+                    ),
+                )
+            )
+    return blocks
+
+
 def value_result(
     entry: ToolEntry, value: Any, redact: Callable[[str], str]
 ) -> types.CallToolResult:
     """A tool's value as structured content plus a text rendering.
 
     A value JSON cannot hold (a NaN, say) is a ``not_serializable`` error, never an
-    empty success.
+    empty success. Files the tool returned follow as content blocks; the structured
+    content is the value (an attachment alone: its metadata), as the declarations say.
     """
+    files: Sequence[Attachment] = ()
+    if isinstance(value, Result):
+        result: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
+        value, files = result.value, result.attachments
+    elif isinstance(value, Attachment):
+        value, files = value.info(), (value,)
     try:
         plain = _jsonable(value)
         text = _text(plain)
@@ -337,7 +368,9 @@ def value_result(
         structured = {"result": plain}
     else:
         structured = cast("dict[str, Any]", plain)
-    return types.CallToolResult(content=_text_content(text), structured_content=structured)
+    return types.CallToolResult(
+        content=_text_content(text) + _file_content(files), structured_content=structured
+    )
 
 
 def code_result(result: CodeResult) -> types.CallToolResult:
@@ -379,6 +412,10 @@ def code_result(result: CodeResult) -> types.CallToolResult:
         )
         lines.append(f"calls: {made}")
     lines.extend(f"warning: {w}" for w in result.warnings)
+    if result.attachments:
+        data["attachments"] = [f.info() for f in result.attachments]
     return types.CallToolResult(
-        content=_text_content("\n".join(lines)), structured_content=data, is_error=not result.ok
+        content=_text_content("\n".join(lines)) + _file_content(result.attachments),
+        structured_content=data,
+        is_error=not result.ok,
     )
