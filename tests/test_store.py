@@ -64,6 +64,12 @@ async def test_record_finish_tail(store: SQLiteStore) -> None:
     assert await store.tail(0) == []
 
 
+async def test_tail_of_more_than_there_is_gives_them_all(store: SQLiteStore) -> None:
+    for n in range(7):
+        await store.record(started(f"h1.{n}", outcome="denied", ended=time.time()), durable=False)
+    assert [r.call_id for r in await store.tail(10)] == [f"h1.{n}" for n in range(7)]
+
+
 async def test_a_terminal_outcome_is_never_rewritten(store: SQLiteStore) -> None:
     await store.record(started("h1.1"), durable=True)
     await store.finish("h1.1", "failed", error_kind="tool_error", error="boom")

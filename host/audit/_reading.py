@@ -55,7 +55,7 @@ def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[Aud
                 fresh.pop(call_id, None)
     merged = list(records.values()) + list(fresh.values())
     out: list[AuditRecord] = []
-    for record in merged[len(merged) - count :] if count else []:
+    for record in merged[max(0, len(merged) - count) :] if count else []:
         end = ends.get(record.call_id)
         if end is not None and record.outcome == "started":
             record = record._replace(outcome=end[2], ended=end[3], error_kind=end[4], error=end[5])
