@@ -278,6 +278,12 @@ def test_run_the_tour() -> None:
     assert "2 + 3 = 5" in lines
     assert any(line.startswith("rolled [") for line in lines)
     assert "open tasks: ['write the docs']" in lines
+    # the tool that uses its context: a nested call, the key-value store, a file
+    assert "chart: 1 open, 1 closed (chart 1)" in lines
+    picture = next(line for line in lines if line.startswith("  board.png: image/png, 48x48"))
+    path = Path(picture.rpartition(" kept at ")[2])
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert path.is_relative_to(ROOT / "agent_src" / ".agent" / "files")
     assert lines[-1].startswith("a tool error crosses as data: KeyError")
 
 

@@ -41,6 +41,7 @@ def example() -> Policy:
         ("mean", {"values": [1.0]}, "tool", "allow", "read-only"),
         ("kanban.list", {"status": None}, "tool", "allow", "read-only"),
         ("kanban.add", {"title": "x"}, "tool", "deny", "defaults.tool"),
+        ("board_chart", {}, "agent", "allow", "charts"),
     ],
 )
 def test_the_example_decides_as_documented(

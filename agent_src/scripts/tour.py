@@ -16,6 +16,14 @@ task = await kanban.add("ship the release")
 await kanban.close(task["id"])
 print("open tasks:", [t["title"] for t in await kanban.list("open")])
 
+# A tool that uses its context (tools/report.py): it lists the board through a nested
+# call its __uses__ declares, reports progress, counts its charts in the session's
+# key-value store, and returns the chart as a PNG file beside the counts.
+chart = await board_chart()
+counts, png = chart.value, chart.attachments[0]
+print(f"chart: {counts['open']} open, {counts['closed']} closed (chart {counts['charts']})")
+print(f"  {png.name}: {png.mime_type}, {png.width}x{png.height}, kept at {png.path}")
+
 # Rule "many-dice" escalates: at a terminal you are asked; without one, nobody can
 # answer, so the call is not approved and does not run.
 try:
