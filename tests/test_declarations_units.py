@@ -163,6 +163,7 @@ def _canon(text: str, *, returning: bool = False) -> Canonical:
         ("datetime | None", "str | None"),
         ("tuple[int, ...]", "tuple[int, ...]"),
         ("list", "list[Any]"),  # ``Any`` is ours: the tool file need not import it
+        ("Sequence", "list[Any]"),
     ],
 )
 def test_canonical_spelling(source: str, canonical: str) -> None:
@@ -193,6 +194,29 @@ def test_a_set_is_declared_as_a_list_and_said() -> None:
         "a set is not plain data: declared as a list (a tool receives a list; a result "
         "holding a set fails with NotSerializable)"
     ]
+
+
+def test_results_with_files_declare_their_value() -> None:
+    files = {
+        "Result": External("capsule.context", "Result"),
+        "Attachment": External("capsule.context", "Attachment"),
+        "Task": Ref("kanban", "Task"),
+    }
+
+    def canon(text: str, returning: bool) -> Canonical:
+        return canonicalise(
+            text, lambda parts: files.get(".".join(parts)), lambda r: r.name, returning=returning
+        )
+
+    note = "may return files (attachments)"
+    assert (canon("Result[Task]", True).text, canon("Result[Task]", True).notes) == ("Task", [note])
+    assert canon("Result[Task] | None", True).text == "Task | None"
+    assert (canon("Attachment", True).text, canon("Attachment", True).notes) == (
+        "AttachmentInfo",
+        [note],
+    )
+    assert canon("Result", True).text == "Any"
+    assert canon("Attachment", False).text == "Any"  # not something a caller passes
 
 
 def test_a_returned_set_is_flagged() -> None:
