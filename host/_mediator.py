@@ -525,12 +525,14 @@ class Mediator:
         else:
             kind, text = "cancelled", None
         approval = exc.reason if isinstance(exc, NotApproved) else record.approval
+        rule = record.rule or getattr(exc, "rule", None)  # uses, call_cycle: refused before policy
         done = record._replace(
             outcome="denied",
             ended=time.time(),
             error_kind=kind,
             error=text,
             approval=approval,
+            rule=rule if isinstance(rule, str) else None,
         )
         await self._write(done, None)
 
