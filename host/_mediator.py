@@ -361,17 +361,29 @@ class Mediator:
             args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
             chain=chain_text,
         )
-        self.events.emit(
-            "policy_decision",
-            session,
-            call_id=call_id,
-            tool=tool,
-            caller=caller,
-            decision=decision.decision,
-            rule=decision.rule,
-            policy_version=policy_version,
-            **({} if parent is None else {"chain": chain}),
-        )
+        if parent is None:
+            self.events.emit(
+                "policy_decision",
+                session,
+                call_id=call_id,
+                tool=tool,
+                caller=caller,
+                decision=decision.decision,
+                rule=decision.rule,
+                policy_version=policy_version,
+            )
+        else:
+            self.events.emit(
+                "policy_decision",
+                session,
+                call_id=call_id,
+                tool=tool,
+                caller=caller,
+                decision=decision.decision,
+                rule=decision.rule,
+                policy_version=policy_version,
+                chain=chain,
+            )
         ticket = await self._admit(record, decision, policy, bound, chain)
         frame: CallFrame | None = None
         if spec.context is not None:

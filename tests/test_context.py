@@ -30,7 +30,7 @@ from host import (
 from host.cli import main as cli_main
 from host.testing import in_process
 
-from .mcp_helpers import wait_for
+from .mcp_helpers import connect, served, wait_for
 from .test_wasm import wasm_prepared
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
@@ -168,6 +168,12 @@ TOOLS = {
 
         def die() -> None:
             os._exit(3)
+
+
+        async def steps(ctx: ToolContext) -> str:
+            await ctx.progress("half way", 0.5)
+            await ctx.progress(f"done with {await ctx.env('TOKEN')}", 1.0)
+            return "stepped"
     """,
     "chain": "from capsule.context import CallFailed, ToolContext\n\n"
     + "".join(
@@ -530,6 +536,20 @@ async def test_the_twin_serves_contexts_too(make_project: Callable[..., Path]) -
         assert (await host.call("limited", "whoami", []))["rule"] == "uses"
         with pytest.raises(InvalidArguments, match="the tool's context"):
             await host.call("whoami", ctx=None)
+
+
+async def test_progress_reaches_the_mcp_client(make_project: Callable[..., Path]) -> None:
+    project = make_project(tools=TOOLS, policy=POLICY)
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async with served(project) as server, connect(server) as client:
+        result = await client.call_tool("steps", {}, progress_callback=on_progress)
+        assert result.structured_content == {"result": "stepped"}
+        await wait_for(lambda: len(progress) == 2)
+    assert progress == [(0.5, 1.0, "half way"), (1.0, 1.0, "done with ⟨secret TOKEN⟩")]
 
 
 def test_scope_manifest_shows_uses(
