@@ -27,6 +27,7 @@ from host import (
     InvalidArguments,
     ToolError,
 )
+from host._context import SessionContext
 from host.cli import main as cli_main
 from host.testing import in_process
 
@@ -117,7 +118,10 @@ TOOLS = {
 
 
         async def kv_get(key: str, ctx: ToolContext):
-            return await ctx.get_value(key, "absent")
+            try:
+                return await ctx.get_value(key, "absent")
+            except ContextError as exc:
+                return f"{exc.kind}: {exc}"
 
 
         async def kv_set(key: str, value, ctx: ToolContext) -> str:
@@ -489,6 +493,21 @@ async def test_the_store_outlives_the_capsule_and_the_host(project: Path) -> Non
     async with Host.open(project, session="chat-42") as host:
         assert await host.call("kv_get", "k") == {"n": [1, 2, b"\x00"]}
         assert await host.call("kv_get", "k0") == "absent"
+
+
+async def test_a_host_failure_serving_a_request_is_the_tools_error(
+    make_project: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = make_project(tools=TOOLS, policy=POLICY)
+
+    async def broken(self: SessionContext, key: str) -> None:
+        raise RuntimeError(f"a bug while reading {key}")
+
+    monkeypatch.setattr(SessionContext, "_get", broken)
+    async with Host.open(project) as host:
+        got = await host.call("kv_get", "k")
+        assert got == "context_error: ctx.get: the host failed to serve it (its log has the detail)"
+        assert await host.call("echo", "still serving") == "still serving"
 
 
 # -- forging ----------------------------------------------------------------------------------

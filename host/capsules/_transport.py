@@ -597,7 +597,10 @@ class Connection:
             self._refuse(call_id, req, op, why)
             return
         if req is None:
-            handler.event(call_id, op, arguments)
+            try:
+                handler.event(call_id, op, arguments)
+            except Exception:  # a host bug: logged; the capsule and its calls go on
+                logger.exception("serving a context event of call %d failed", call_id)
             return
         if len(scopes) >= _CTX_PER_CALL or self._ctx_waiting >= _CTX_PER_CAPSULE:
             limit = _CTX_PER_CALL if len(scopes) >= _CTX_PER_CALL else _CTX_PER_CAPSULE
@@ -630,6 +633,10 @@ class Connection:
                 self._answer(req, False, {"kind": exc.kind, "message": exc.message})
             except HostError as exc:
                 self._answer(req, False, exc.to_data())
+            except Exception:  # a host bug: the tool gets an error, the log the detail
+                logger.exception("serving ctx.%s of call %d failed", op, call_id)
+                message = f"ctx.{op}: the host failed to serve it (its log has the detail)"
+                self._answer(req, False, {"kind": "context_error", "message": message})
             else:
                 self._answer(req, True, value)
             finally:
