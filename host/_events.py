@@ -11,8 +11,9 @@ split across two writes is joined there first; see ``StreamRedactor``).
 
 Kinds emitted by the core: ``capsule_started``, ``capsule_crashed``, ``capsule_unavailable``,
 ``tool_file_failed``, ``console``, ``console_dropped``, ``call_started``, ``call_done``; the
-policy's, among them ``policy_warning`` and ``policy_missing`` (README, "Events", lists
-them all with their fields).
+policy's, among them ``policy_warning`` and ``policy_missing``; the tool contexts'
+(``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``). README,
+"Events", lists them all with their fields.
 """
 
 from __future__ import annotations

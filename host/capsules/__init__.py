@@ -5,9 +5,12 @@ hot path, process ownership (start, harden, kill a whole tree), the subprocess a
 tool capsules, the supervisor (timeouts, crashes, restarts), the Wasm runtime and its
 child process and fork server, and the code sandbox (``run_code``).
 
+Its connections also carry a tool context's frames, served only for calls in flight that
+were sent with a context, through the ``ContextHandler`` the orchestrator gives them.
+
 May import ``settings``, ``declare``, the root helpers ``_binding``, ``_events`` and
-``_display`` (redacting console output), and
-``capsule.protocol`` (the wire). Never imports ``policy``, ``audit`` or ``cli``: a
+``_display`` (redacting console output), ``capsule.protocol`` (the wire) and
+``capsule.context`` (its types). Never imports ``policy``, ``audit`` or ``cli``: a
 capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path in its own
 process and imports nothing of the host. What other wings may use is listed below.
 """
