@@ -394,6 +394,22 @@ BAD_ENVELOPES: dict[str, bytes] = {
     "console_deep": frame({"k": "console", "stream": nest(1022), "data": nest(1022)}),
     "console_bad_stream": frame({"k": "console", "stream": "fd3", "data": "x"}),
     "console_bytes": frame({"k": "console", "stream": "stdout", "data": b"x"}),
+    # A tool context's frames and a result's files, checked as strictly as the rest.
+    "ctx_op_unknown": frame({"k": "ctx", "id": 1, "req": 1, "op": "exec", "args": {}}),
+    "ctx_req_str": frame({"k": "ctx", "id": 1, "req": "1", "op": "env", "args": {}}),
+    "ctx_req_zero": frame({"k": "ctx", "id": 1, "req": 0, "op": "env", "args": {}}),
+    "ctx_args_list": frame({"k": "ctx", "id": 1, "req": 1, "op": "env", "args": []}),
+    "ctx_args_deep": frame({"k": "ctx", "id": 1, "req": 1, "op": "env", "args": {"a": nest(600)}}),
+    "event_op_is_a_request": frame({"k": "event", "id": 1, "op": "call", "args": {}}),
+    "files_not_a_list": frame({**ok(1), "files": "x", "as": "result"}),
+    "files_bad_mime": frame({**ok(1), "files": [["a", "nope", b"", None, None]], "as": "result"}),
+    "files_data_str": frame(
+        {**ok(1), "files": [["a", "text/plain", "x", None, None]], "as": "result"}
+    ),
+    "files_as_unknown": frame({**ok(1), "files": [], "as": "tuple"}),
+    "files_alone_with_value": frame(
+        {**ok(1, 5), "files": [["a", "text/plain", b"x", None, None]], "as": "file"}
+    ),
     "oversize_header": b"\xff\xff\xff\xff",
     "stray_print": b"hello\n",  # G13: looks like a 1.7 GB header
 }
@@ -434,6 +450,23 @@ async def test_a_breach_of_the_wire_rules_is_a_violation_and_fails_calls_in_flig
         with pytest.raises(CapsuleCrashed) as info:
             await h.conn.call(3, "t", b"\x80", 60.0)
         assert not info.value.may_have_executed  # never sent
+
+
+async def test_a_context_request_for_a_call_without_one_is_refused_not_served() -> None:
+    async with harness() as h:
+        call = start_call(h, 1)
+        await h.peer.recv()
+        for call_id in (1, 99):  # in flight without a context; not in flight at all
+            h.peer.send({"k": "ctx", "id": call_id, "req": 7, "op": "get", "args": {"key": "k"}})
+            answer = await h.peer.recv()
+            assert answer["k"] == "answer" and answer["req"] == 7 and answer["ok"] is False
+            assert answer["error"]["kind"] == "context_closed"
+        h.peer.send({"k": "event", "id": 1, "op": "emit", "args": {"event": "x"}})
+        h.peer.send(ok(1, "done"))
+        assert (await call.wait()).value == "done"
+        refused = await h.wait_for("context_refused", 3)  # no handler here: counted, not audited
+        assert [e.data["op"] for e in refused] == ["get", "get", "emit"]
+        assert not h.violations
 
 
 async def test_a_violation_with_no_call_in_flight_still_reports() -> None:
