@@ -164,6 +164,16 @@ TOOLS = {
             return "returned"
 
 
+        async def fire_and_forget(ctx: ToolContext) -> str:
+            task = asyncio.get_running_loop().create_task(ctx.call("nap"))
+            await asyncio.sleep(0)  # the request is on its way
+            _keep.append(task)
+            return "gone"
+
+
+        _keep = []
+
+
         async def flood(count: int, ctx: ToolContext) -> int:
             for i in range(count):
                 ctx.emit("tick", i)
@@ -463,6 +473,31 @@ async def test_depth_and_cycles_are_refused(project: Path) -> None:
     (too_deep,) = [r for r in records if r.tool == "c9"]
     assert too_deep.outcome == "denied" and too_deep.error_kind == "limit_exceeded"
     assert too_deep.chain is not None and too_deep.chain.startswith("app > c0 > c1")
+
+
+async def test_nested_calls_end_with_the_call_that_made_them(project: Path) -> None:
+    seen = Recorder()
+    async with Host.open(project) as host:
+        host.on("*", seen)
+        assert await host.call("fire_and_forget") == "gone"
+
+        def settled() -> bool:
+            naps = [e for e in seen.of("policy_decision") if e.data["tool"] == "nap"]
+            return bool(seen.of("context_refused")) or bool(naps)
+
+        await wait_for(settled)
+        if seen.of("context_refused"):  # refused: the call had ended when it was served
+            assert seen.of("context_refused")[0].data["op"] == "call"
+        else:  # cancelled while it waited in nap
+            with anyio.fail_after(30):
+                while True:
+                    records = await host.store.tail(20)
+                    nap = [r for r in records if r.tool == "nap"]
+                    if nap and nap[0].outcome != "started":
+                        break
+                    await anyio.sleep(0.01)
+            assert nap[0].outcome == "unknown" and nap[0].error_kind == "cancelled"
+        assert await host.call("echo", "still serving") == "still serving"
 
 
 # -- the key-value store ----------------------------------------------------------------------
