@@ -42,7 +42,14 @@ TOOLS = {
         import asyncio
         import os
 
-        from capsule.context import CallFailed, ContextError, EnvNotAllowed, ToolContext
+        from capsule.context import (
+            Attachment,
+            CallFailed,
+            ContextError,
+            EnvNotAllowed,
+            Result,
+            ToolContext,
+        )
 
         __uses__ = {"limited": ["echo"], "relay": ["echo", "whoami", "tally", "nap"]}
 
@@ -182,6 +189,11 @@ TOOLS = {
 
         def die() -> None:
             os._exit(3)
+
+
+        async def leaky(ctx: ToolContext) -> Result[dict]:
+            token = await ctx.env("TOKEN")
+            return Result({"token": token}, attachments=[Attachment("t.txt", "text/plain", b"t")])
 
 
         async def steps(ctx: ToolContext) -> str:
@@ -405,6 +417,15 @@ async def test_env_is_what_the_policy_gives_and_secrets_stay_hidden(project: Pat
     progress = [e for e in seen.of("progress") if e.data["tool"] == "chatty"]
     assert progress[0].data["message"] == "using ⟨secret TOKEN⟩ and ⟨secret MINE⟩"
     assert progress[0].data["fraction"] == 0.5
+
+
+async def test_a_results_value_is_redacted_for_agent_code(project: Path) -> None:
+    async with Host.open(project) as host:
+        # Redacted where the call returns, not only in the run's value.
+        out = await host.run_code("r = await leaky()\n[r, r['token'].startswith('tok-')]")
+        assert out.ok and out.value == [{"token": "⟨secret TOKEN⟩"}, False]
+        assert [a.data for a in out.attachments] == [b"t"]
+        assert (await host.call("leaky")).value == {"token": TOKEN}  # the app: as it is
 
 
 async def test_events_are_rate_limited(project: Path) -> None:
