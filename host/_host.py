@@ -42,6 +42,7 @@ from .declare import (
     resolve_project,
 )
 from .errors import HostError, PolicyFileError
+from .hooks import Hook, HookFn, HookKind, HookRunner, app_hook, load_hook_files
 from .policy import (
     Approver,
     InboxApprover,
@@ -277,6 +278,7 @@ class Host:
             host_id=self.host_id,
             scope=scope,
         )
+        self.mediator.hooks.attach(task_group)
         self._factory = factory
         self._tg = task_group
         self._sessions: set[Session] = set()
@@ -320,6 +322,7 @@ class Host:
         """
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
+        project_hooks = load_hook_files(resolved.tools_dir.parent / "hooks")
         scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
@@ -352,6 +355,7 @@ class Host:
                     watch_policy=policy is None,
                     scope=scope,
                 )
+                host.mediator.hooks.set_files(project_hooks)
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:
@@ -512,6 +516,27 @@ class Host:
             with anyio.CancelScope(shield=True):
                 await session.code.aclose()
                 await session.supervisor.aclose()
+
+    @property
+    def hooks(self) -> HookRunner:
+        """The hooks in force (``hooks.hooks`` lists them in the order they run)."""
+        return self.mediator.hooks
+
+    def hook(
+        self,
+        fn: HookFn,
+        kind: HookKind | None = None,
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]:
+        """Register ``fn`` as a hook (after the project's ``hooks/*.py``); returns a function
+        that removes it. ``kind`` may be left out for a function marked with ``@hook``.
+
+        Raises:
+            HostError: an unknown kind, or an id another hook has.
+        """
+        registered: Hook = app_hook(fn, kind, id)
+        return self.mediator.hooks.add(registered)
 
     def on(self, kind: str, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``listener(event)`` for every event of ``kind`` (``"*"`` for all)."""

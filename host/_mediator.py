@@ -41,6 +41,7 @@ from .errors import (
     PolicyDenied,
     UnknownTool,
 )
+from .hooks import HookContext, HookRunner, ToolCallInfo, ToolResult, progress_arguments
 from .policy import (
     Approver,
     Decision,
@@ -107,6 +108,9 @@ class Mediator:
         self._redactor = (
             events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
         )
+        self.hooks = HookRunner(events, self._redactor)
+        """The hooks of this host, run around every call that runs."""
+        self._progress = progress_arguments(discovery)
 
     @property
     def config(self) -> PolicyConfig:
@@ -122,6 +126,7 @@ class Mediator:
         self._discovery = discovery
         self._names = names
         self._validator = ArgumentValidator(scope) if scope is not None else None
+        self._progress = progress_arguments(discovery)
 
     def redact(self, text: str) -> str:
         """``text`` with the values of ``[env] secret`` variables replaced."""
@@ -201,10 +206,12 @@ class Mediator:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         caller: Caller,
+        *,
+        chain: Sequence[str] = (),
     ) -> Any:
-        """One mediated call, from name to value."""
+        """One mediated call, from name to value (``chain``: the tools above a nested call)."""
         try:
-            return await self._call(supervisor, session, name, args, kwargs, caller)
+            return await self._call(supervisor, session, name, args, kwargs, caller, chain)
         except HostError as exc:
             if self._redactor:
                 self._redact_error(exc)
@@ -218,6 +225,7 @@ class Mediator:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         caller: Caller,
+        chain: Sequence[str],
     ) -> Any:
         number = next(self._ids)
         call_id = f"{self.host_id}.{number}"
@@ -264,17 +272,76 @@ class Mediator:
             policy_version=policy_version,
         )
         ticket = await self._admit(record, decision, policy, bound)
+        hooked: tuple[HookContext, ToolCallInfo] | None = None
         try:
             if ticket is not None:  # the approval is spent here, on exactly these bytes
                 ticket.redeem(call_id, session, tool, bound.encoded)
+            hooked = await self._started(record, bound, chain)
             value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
+        except HostError as exc:
+            if exc.kind in ("not_approved", "policy_denied"):  # refused: nothing ran
+                await self._finish(record, exc)
+                raise
+            result = await self._done(record, hooked, ToolResult.failure(exc))
+            if result.error is exc:
+                await self._finish(record, exc)
+                raise
         except BaseException as exc:
             await self._finish(record, exc)
             raise
-        await self._finish(record, None)
+        else:
+            result = await self._done(record, hooked, ToolResult.success(value))
+        await self._finish(record, result.error)
+        if result.error is not None:
+            raise result.error
+        value = result.value
         if self.redacts_results(caller, policy):
             value = self._redactor.value(value)
         return value
+
+    async def _started(
+        self, record: AuditRecord, bound: BoundCall, chain: Sequence[str]
+    ) -> tuple[HookContext, ToolCallInfo] | None:
+        """The ``tool_call_started`` event, then its hooks (when any are registered)."""
+        tool = record.tool
+        argument = self._progress.get(tool)
+        progress = bound.arguments.get(argument) if argument is not None else None
+        if isinstance(progress, str):
+            progress = escape_text(self._redactor.text(progress[:200]))
+        elif progress is not None and not isinstance(progress, int | float | bool):
+            progress = None  # only scalars travel in the event
+        self.events.emit(
+            "tool_call_started",
+            record.session,
+            call_id=record.call_id,
+            tool=tool,
+            caller=record.caller,
+            chain=tuple(chain),
+            progress=progress,
+        )
+        hooks = self.hooks
+        if not hooks.active:
+            return None
+        ctx = HookContext(record.session, record.caller, tuple(chain), {}, self.host_id)
+        info = hooks.info(record.call_id, tool, bound.arguments, record.caller or "")
+        await hooks.started(ctx, info, progress)
+        return ctx, info
+
+    async def _done(
+        self, record: AuditRecord, hooked: tuple[HookContext, ToolCallInfo] | None, raw: ToolResult
+    ) -> ToolResult:
+        """The ``tool_call_done`` event, then the hooks and chains on the raw result."""
+        self.events.emit(
+            "tool_call_done",
+            record.session,
+            call_id=record.call_id,
+            tool=record.tool,
+            ok=raw.ok,
+            error=raw.error.kind if raw.error is not None else None,
+        )
+        if hooked is None:
+            return raw
+        return await self.hooks.finished(hooked[0], hooked[1], raw)
 
     async def _admit(
         self, record: AuditRecord, decision: Decision, policy: Policy, bound: BoundCall
