@@ -4,6 +4,7 @@ refused calls, secrets, hooks from files and from ``host.hook``."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from host import Host, ToolError
 from host.errors import HostError, PolicyDenied, UnknownTool
 from host.hooks import HookContext, ToolCallInfo, ToolResult, hook
 
+from .test_cli import toolhost
 from .test_wasm import wasm_prepared
 
 pytestmark = pytest.mark.anyio
@@ -329,3 +331,27 @@ async def test_denied_by_policy_for_the_app_too(make_project: Callable[..., Path
             await host.call("secret_echo", "x")
         assert recorder.seen == []
         assert not [e for e in host.events.recent if e.kind.startswith("tool_call")]
+
+
+@pytest.mark.subprocess
+def test_toolhost_hooks_lists_them_in_order(make_project: Callable[..., Path]) -> None:
+    project = make_project(TOOLS, POLICY)
+    assert "no hooks" in toolhost("hooks", "--project", str(project)).stdout
+    (project / "hooks").mkdir()
+    (project / "hooks" / "redact.py").write_text(textwrap.dedent(HOOKS_FILE))
+    done = toolhost("hooks", "--project", str(project))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["redact.upper", "after_tool_call_success"],
+        ["mark", "before_store_tool_result"],
+    ]
+    listed = json.loads(toolhost("hooks", "--json", "--project", str(project)).stdout)
+    assert listed["hooks"][1] == {
+        "id": "mark",
+        "kind": "before_store_tool_result",
+        "source": "hooks/redact.py:11",
+    }
+    (project / "hooks" / "zz.py").write_text("raise RuntimeError('no')\n")
+    broken = toolhost("hooks", "--project", str(project))
+    assert broken.returncode == 1 and "hooks/zz.py failed to load" in broken.stderr
