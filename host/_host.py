@@ -20,7 +20,7 @@ import anyio.abc
 import anyio.to_thread
 
 from ._display import Redactor
-from ._events import EventBus
+from ._events import EventBus, SessionLog
 from ._mediator import Caller, Mediator
 from .audit import SQLiteStore, Store, StoreUnavailable
 from .capsules import (
@@ -166,10 +166,18 @@ def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResu
 class Session:
     """One agent conversation: its own tool capsule and its own module state."""
 
-    def __init__(self, host: Host, session_id: str, supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        host: Host,
+        session_id: str,
+        supervisor: Supervisor,
+        log: SessionLog | None = None,
+    ) -> None:
         self._host = host
         self.id = session_id
         self.supervisor = supervisor
+        self.log = log
+        """The session's event log (``.agent/sessions/ID.jsonl``), unless turned off."""
         self.tools = _tree(self.call_as, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
@@ -249,6 +257,7 @@ class Host:
         approver: Approver,
         watch_policy: bool = True,
         scope: Scope,
+        session_logs: bool = True,
     ) -> None:
         self.project = project
         self.discovery = discovery
@@ -281,6 +290,7 @@ class Host:
         self.mediator.hooks.attach(task_group)
         self._factory = factory
         self._tg = task_group
+        self._session_logs = session_logs
         self._sessions: set[Session] = set()
         self._default: Session | None = None
 
@@ -299,6 +309,7 @@ class Host:
         capsule: TransportFactory | None = None,
         approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
+        session_logs: bool = True,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
 
@@ -315,6 +326,8 @@ class Host:
                 (an ``InboxApprover`` over this host's store).
             store: the state database (default: ``SQLiteStore`` at
                 ``PROJECT/.agent/state.db``); the host opens and closes it.
+            session_logs: write each session's events (redacted) to
+                ``PROJECT/.agent/sessions/ID.jsonl``.
 
         Raises:
             DeclarationError: a tool file cannot be read or its names clash.
@@ -354,6 +367,7 @@ class Host:
                     approver=approver if approver is not None else default_approver(),
                     watch_policy=policy is None,
                     scope=scope,
+                    session_logs=session_logs,
                 )
                 host.mediator.hooks.set_files(project_hooks)
                 host._check_policy(config, from_files=policy is None)
@@ -427,7 +441,17 @@ class Host:
             restart_window=limits.restart_window,
             unavailable_for=limits.unavailable_for,
         )
-        session = Session(self, session_id, supervisor)
+        log = (
+            SessionLog(
+                self.events,
+                session_id,
+                self.project.state_dir / "sessions" / f"{session_id}.jsonl",
+                self.mediator.redact,
+            )
+            if self._session_logs
+            else None
+        )
+        session = Session(self, session_id, supervisor, log)
         self._sessions.add(session)
         try:
             await supervisor.ensure()
@@ -440,6 +464,9 @@ class Host:
         for session in sessions:
             await session.code.aclose()
             await session.supervisor.aclose()
+            if session.log is not None:
+                session.log.close()
+        self.events.close()
         self.policy.close()
 
     async def reload_tools(self) -> bool:
@@ -516,6 +543,8 @@ class Host:
             with anyio.CancelScope(shield=True):
                 await session.code.aclose()
                 await session.supervisor.aclose()
+            if session.log is not None:
+                session.log.close()
 
     @property
     def hooks(self) -> HookRunner:
