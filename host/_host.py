@@ -22,6 +22,7 @@ import anyio.to_thread
 from ._display import Redactor
 from ._events import EventBus, SessionLog
 from ._mediator import Caller, Mediator
+from ._tracing import Tracing
 from .audit import SQLiteStore, Store, StoreUnavailable
 from .capsules import (
     CodeResult,
@@ -213,7 +214,12 @@ class Session:
         replaced in its error always, and in its value and output as ``[env]
         redact_results`` says.
         """
-        result = await self.code.run(source)
+        tracing = self._host.mediator.tracing
+        if tracing is None:
+            result = await self.code.run(source)
+        else:
+            with tracing.run_code(self.id):
+                result = await self.code.run(source)
         mediator = self._host.mediator
         if not mediator.redactor:
             return result
@@ -310,6 +316,8 @@ class Host:
         approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
         session_logs: bool = True,
+        tracer_provider: Any = None,
+        trace_content: bool = False,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
 
@@ -328,6 +336,9 @@ class Host:
                 ``PROJECT/.agent/state.db``); the host opens and closes it.
             session_logs: write each session's events (redacted) to
                 ``PROJECT/.agent/sessions/ID.jsonl``.
+            tracer_provider: an OpenTelemetry ``TracerProvider`` for spans per call
+                (default: the global one, if the app set one; else no tracing).
+            trace_content: record arguments and results (redacted) on the spans.
 
         Raises:
             DeclarationError: a tool file cannot be read or its names clash.
@@ -370,6 +381,9 @@ class Host:
                     session_logs=session_logs,
                 )
                 host.mediator.hooks.set_files(project_hooks)
+                host.mediator.tracing = Tracing.open(
+                    tracer_provider, redact=host.mediator.redact, content=trace_content
+                )
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:

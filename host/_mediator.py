@@ -31,6 +31,7 @@ import anyio
 from ._binding import BoundCall, bind
 from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
+from ._tracing import Tracing
 from .audit import DONE, AuditRecord, Outcome, Store, StoreUnavailable
 from .declare import ArgumentValidator, Discovery, Scope, ToolSpec
 from .errors import (
@@ -108,6 +109,8 @@ class Mediator:
         self._redactor = (
             events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
         )
+        self.tracing: Tracing | None = None
+        """Spans per call, when OpenTelemetry is configured (set by the host)."""
         self.hooks = HookRunner(events, self._redactor)
         """The hooks of this host, run around every call that runs."""
         self._progress = progress_arguments(discovery)
@@ -271,17 +274,43 @@ class Mediator:
             rule=decision.rule,
             policy_version=policy_version,
         )
+        if self.tracing is not None:
+            self.tracing.event(
+                "policy_decision",
+                {"gen_ai.tool.name": tool, "decision": decision.decision, "rule": decision.rule},
+            )
         ticket = await self._admit(record, decision, policy, bound)
+        if ticket is not None:  # the approval is spent here, on exactly these bytes
+            try:
+                ticket.redeem(call_id, session, tool, bound.encoded)
+            except BaseException as exc:
+                await self._finish(record, exc)
+                raise
+        if self.tracing is None:
+            value = await self._execute(supervisor, number, spec, bound, record, chain)
+        else:
+            with self.tracing.tool_span(tool, call_id, caller, session, bound.arguments) as span:
+                value = await self._execute(supervisor, number, spec, bound, record, chain)
+                self.tracing.result(span, value)
+        if self.redacts_results(caller, policy):
+            value = self._redactor.value(value)
+        return value
+
+    async def _execute(
+        self,
+        supervisor: Supervisor,
+        number: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        record: AuditRecord,
+        chain: Sequence[str],
+    ) -> Any:
+        """Hooks around the dispatch of an admitted call; its outcome audited."""
         hooked: tuple[HookContext, ToolCallInfo] | None = None
         try:
-            if ticket is not None:  # the approval is spent here, on exactly these bytes
-                ticket.redeem(call_id, session, tool, bound.encoded)
             hooked = await self._started(record, bound, chain)
             value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
         except HostError as exc:
-            if exc.kind in ("not_approved", "policy_denied"):  # refused: nothing ran
-                await self._finish(record, exc)
-                raise
             result = await self._done(record, hooked, ToolResult.failure(exc))
             if result.error is exc:
                 await self._finish(record, exc)
@@ -294,10 +323,7 @@ class Mediator:
         await self._finish(record, result.error)
         if result.error is not None:
             raise result.error
-        value = result.value
-        if self.redacts_results(caller, policy):
-            value = self._redactor.value(value)
-        return value
+        return result.value
 
     async def _started(
         self, record: AuditRecord, bound: BoundCall, chain: Sequence[str]
@@ -419,6 +445,10 @@ class Mediator:
                 error=kind,
                 rule=getattr(exc, "rule", None),
             )
+            if self.tracing is not None:
+                self.tracing.event(
+                    "policy_denied", {"gen_ai.tool.name": record.tool, "error": kind}
+                )
         else:
             kind, text = "cancelled", None
         approval = exc.reason if isinstance(exc, NotApproved) else record.approval
