@@ -355,3 +355,14 @@ def test_toolhost_hooks_lists_them_in_order(make_project: Callable[..., Path]) -
     (project / "hooks" / "zz.py").write_text("raise RuntimeError('no')\n")
     broken = toolhost("hooks", "--project", str(project))
     assert broken.returncode == 1 and "hooks/zz.py failed to load" in broken.stderr
+
+
+async def test_the_example_project_hides_emails_in_kanban_results() -> None:
+    from .conftest import AGENT_SRC
+
+    async with Host.open(AGENT_SRC, session_logs=False) as host:
+        assert [h.id for h in host.hooks.hooks] == ["redact-emails"]
+        task = await host.call("kanban.add", "mail bob@example.org today")
+        assert task["title"] == "mail <email> today"
+        assert await host.call("add", 2, 3) == 5  # other tools are left alone
+        await host.call("kanban.close", task["id"])

@@ -16,6 +16,12 @@ task = await kanban.add("ship the release")
 await kanban.close(task["id"])
 print("open tasks:", [t["title"] for t in await kanban.list("open")])
 
+# hooks/redact_emails.py (trusted code the host loads) reshapes results: an email address
+# in a task never reaches this script or the audit (`toolhost hooks` lists the hooks).
+task = await kanban.add("reply to ana@example.com")
+print("a hook rewrote the result:", task["title"])
+await kanban.close(task["id"])
+
 # Rule "many-dice" escalates: at a terminal you are asked; without one, nobody can
 # answer, so the call is not approved and does not run.
 try:
