@@ -110,8 +110,9 @@ class EventBus:
                 listener(event)
             except Exception:
                 logger.exception("event listener %r failed on %r", listener, event)
-        for stream in tuple(self._iterators):
-            stream.put(event)
+        if self._iterators:
+            for stream in tuple(self._iterators):
+                stream.put(event)
         return event
 
 
@@ -172,27 +173,22 @@ class EventStream:
         await self.aclose()
 
 
-def _plain(value: Any, redact: Callable[[str], str]) -> Any:
-    """JSON-ready data with every string (and the text of anything else) redacted."""
-    if isinstance(value, bool | int | float) or value is None:
-        return value
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        items: Mapping[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
-        return {redact(str(k)): _plain(v, redact) for k, v in items.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(v, redact) for v in value]  # pyright: ignore[reportUnknownVariableType]
-    return redact(repr(value))
+def _plain(value: Any) -> Any:
+    """What ``json`` cannot encode, as its ``repr``."""
+    return repr(value)
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False, default=_plain).encode
 
 
 class SessionLog:
     """One session's events as JSON lines in ``PATH`` (``.agent/sessions/ID.jsonl``).
 
-    Each line is ``{"time", "kind", "session", "data"}``, every string of it passed
-    through ``redact`` (the secrets of ``[env]``) before it is written. Lines are
-    buffered and flushed when the session closes (and every ``flush_every`` events), so
-    a host that is killed may lose the last few lines.
+    Each line is ``{"time", "kind", "session", "data"}`` as JSON, passed through
+    ``redact`` before it is written (the host's replaces each secret as it appears
+    inside a JSON string; ``None`` when there are no secrets). Lines are buffered and
+    flushed when the session closes (and every ``flush_every`` events), so a host that is
+    killed may lose the last few lines.
     """
 
     def __init__(
@@ -200,7 +196,7 @@ class SessionLog:
         bus: EventBus,
         session: str,
         path: Path,
-        redact: Callable[[str], str],
+        redact: Callable[[str], str] | None,
         *,
         flush_every: int = 64,
     ) -> None:
@@ -222,15 +218,11 @@ class SessionLog:
             return
         if self._file is None:
             self._file = self._open()
-        line = json.dumps(
-            {
-                "time": event.time,
-                "kind": event.kind,
-                "session": event.session,
-                "data": _plain(event.data, self._redact),
-            },
-            ensure_ascii=False,
+        line = _ENCODE(
+            {"time": event.time, "kind": event.kind, "session": event.session, "data": event.data}
         )
+        if self._redact is not None:
+            line = self._redact(line)
         self._file.write(line + "\n")
         self._pending += 1
         if self._pending >= self._flush_every:

@@ -178,7 +178,7 @@ class Session:
         self.id = session_id
         self.supervisor = supervisor
         self.log = log
-        """The session's event log (``.agent/sessions/ID.jsonl``), unless turned off."""
+        """The session's event log (``.agent/sessions/ID.jsonl``), if the host keeps them."""
         self.tools = _tree(self.call_as, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
@@ -263,7 +263,7 @@ class Host:
         approver: Approver,
         watch_policy: bool = True,
         scope: Scope,
-        session_logs: bool = True,
+        session_logs: bool = False,
     ) -> None:
         self.project = project
         self.discovery = discovery
@@ -315,7 +315,7 @@ class Host:
         capsule: TransportFactory | None = None,
         approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
-        session_logs: bool = True,
+        session_logs: bool = False,
         tracer_provider: Any = None,
         trace_content: bool = False,
     ) -> AsyncGenerator[Host]:
@@ -335,7 +335,8 @@ class Host:
             store: the state database (default: ``SQLiteStore`` at
                 ``PROJECT/.agent/state.db``); the host opens and closes it.
             session_logs: write each session's events (redacted) to
-                ``PROJECT/.agent/sessions/ID.jsonl``.
+                ``PROJECT/.agent/sessions/ID.jsonl`` (off by default: it costs about
+                15 us of CPU per call, see benchmarks/README.md).
             tracer_provider: an OpenTelemetry ``TracerProvider`` for spans per call
                 (default: the global one, if the app set one; else no tracing).
             trace_content: record arguments and results (redacted) on the spans.
@@ -460,7 +461,7 @@ class Host:
                 self.events,
                 session_id,
                 self.project.state_dir / "sessions" / f"{session_id}.jsonl",
-                self.mediator.redact,
+                self.mediator.json_redact,
             )
             if self._session_logs
             else None

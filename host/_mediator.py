@@ -20,9 +20,10 @@ clients), read from the policy version the call was decided against.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 
@@ -106,9 +107,12 @@ class Mediator:
         """Checks bound arguments against each tool's input schema (compiled once per tool)."""
         self.quotas = Quotas()
         self.escalations = Escalations(approver, store, events, host_id)
-        self._redactor = (
-            events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
+        secrets = config.env.secret_values(os.environ)
+        self._redactor = events.redactor if events.redactor else Redactor(secrets)
+        self._json_redactor = Redactor(
+            {name: json.dumps(value, ensure_ascii=False)[1:-1] for name, value in secrets.items()}
         )
+        """Secrets as they appear inside a JSON string (the session logs)."""
         self.tracing: Tracing | None = None
         """Spans per call, when OpenTelemetry is configured (set by the host)."""
         self.hooks = HookRunner(events, self._redactor)
@@ -163,6 +167,11 @@ class Mediator:
                         fields[name] = redact(value)
                 current.args = tuple(redact(a) if type(a) is str else a for a in current.args)
             current = current.__cause__ or current.__context__
+
+    @property
+    def json_redact(self) -> Callable[[str], str] | None:
+        """Replaces secrets in JSON text (as JSON escapes them); ``None`` without secrets."""
+        return self._json_redactor.text if self._json_redactor else None
 
     def forget_session(self, session: str) -> None:
         """Drop a closed session's quotas and remembered answers."""

@@ -88,7 +88,7 @@ async def test_the_session_log_records_events_with_secrets_redacted(
     make_project: Callable[..., Path],
 ) -> None:
     project = make_project(TOOLS, POLICY)
-    async with Host.open(project) as host:
+    async with Host.open(project, session_logs=True) as host:
         session_id = host.default_session.id
         assert await host.call("say", f"the token is {SECRET}") == f"the token is {SECRET}"
         with pytest.raises(PolicyDenied):
@@ -110,8 +110,8 @@ async def test_the_session_log_records_events_with_secrets_redacted(
     assert (project / ".agent" / "sessions" / f"{other_id}.jsonl").exists()
 
 
-async def test_session_logs_can_be_turned_off(make_project: Callable[..., Path]) -> None:
+async def test_session_logs_are_off_by_default(make_project: Callable[..., Path]) -> None:
     project = make_project(TOOLS, POLICY)
-    async with Host.open(project, session_logs=False) as host:
+    async with Host.open(project) as host:
         await host.call("say", "x")
     assert not (project / ".agent" / "sessions").exists()

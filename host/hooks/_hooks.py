@@ -252,7 +252,7 @@ class HookRunner:
         self._tg: anyio.abc.TaskGroup | None = None
         self.active = False
         """Whether any tool-call hook is registered (the call path skips them if not)."""
-        events.subscribe(self._on_event)
+        self._unsubscribe: Callable[[], None] | None = None
 
     def attach(self, task_group: anyio.abc.TaskGroup) -> None:
         """The task group slow ``tool_call_started`` hooks and policy hooks run in."""
@@ -295,6 +295,12 @@ class HookRunner:
             by_kind.setdefault(item.kind, []).append(item)
         self._by_kind = {kind: tuple(items) for kind, items in by_kind.items()}
         self.active = any(kind not in POLICY_HOOK_KINDS for kind in self._by_kind)
+        observing = any(kind in POLICY_HOOK_KINDS for kind in self._by_kind)
+        if observing and self._unsubscribe is None:  # the bus pays only when there are some
+            self._unsubscribe = self._events.subscribe(self._on_event)
+        elif not observing and self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def info(
         self, call_id: str, tool: str, arguments: Mapping[str, Any], caller: str
