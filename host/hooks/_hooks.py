@@ -22,7 +22,7 @@ import importlib.util
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -324,16 +324,42 @@ class HookRunner:
         self._events.emit("hook_failed", session, hook=item.id, hook_kind=item.kind, error=text)
 
     async def started(self, ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
-        """Run the ``tool_call_started`` hooks; wait for them at most ``started_timeout``."""
+        """Run the ``tool_call_started`` hooks; wait for them at most ``started_timeout``.
+
+        A sync hook runs to its end in place (it holds the event loop: no bound could stop
+        it anyway); the first async one and those after it run in a task of the host's
+        task group, which the call waits for until the bound, then leaves running.
+        """
         hooks = self._by_kind.get("tool_call_started", ())
-        if not hooks:
-            return
+        for index, item in enumerate(hooks):
+            try:
+                out = item.fn(ctx, call, progress)
+            except Exception as exc:
+                self._failed(item, ctx.session, exc)
+                continue
+            if inspect.isawaitable(out):
+                await self._rest(ctx, call, progress, out, item, hooks[index + 1 :])
+                return
+
+    async def _rest(
+        self,
+        ctx: HookContext,
+        call: ToolCallInfo,
+        progress: Any,
+        first: Awaitable[Any],
+        item: Hook,
+        rest: Sequence[Hook],
+    ) -> None:
         finished = anyio.Event()
 
         async def run() -> None:
             try:
-                for item in hooks:
-                    await self._run(item, ctx.session, ctx, call, progress)
+                try:
+                    await first
+                except Exception as exc:
+                    self._failed(item, ctx.session, exc)
+                for other in rest:
+                    await self._run(other, ctx.session, ctx, call, progress)
             finally:
                 finished.set()
 
