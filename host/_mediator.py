@@ -43,7 +43,7 @@ from .errors import (
     PolicyDenied,
     UnknownTool,
 )
-from .hooks import HookContext, HookRunner, ToolCallInfo, ToolResult, progress_arguments
+from .hooks import HookContext, HookRunner, ToolResult, progress_arguments
 from .policy import (
     Approver,
     Decision,
@@ -314,13 +314,44 @@ class Mediator:
         record: AuditRecord,
         chain: Sequence[str],
     ) -> Any:
-        """Hooks around the dispatch of an admitted call; its outcome audited."""
-        hooked: tuple[HookContext, ToolCallInfo] | None = None
+        """Hooks around the dispatch of an admitted call; its outcome audited.
+
+        Without hooks this is the plain path: two events and no awaits of its own."""
+        hooks = self.hooks
+        progress = self._started(record, bound, chain)
+        if hooks.active:
+            return await self._hooked(supervisor, number, spec, bound, record, chain, progress)
         try:
-            hooked = await self._started(record, bound, chain)
+            value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
+        except BaseException as exc:
+            if isinstance(exc, HostError):
+                self._done(record, exc)
+            await self._finish(record, exc)
+            raise
+        self._done(record, None)
+        await self._finish(record, None)
+        return value
+
+    async def _hooked(
+        self,
+        supervisor: Supervisor,
+        number: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        record: AuditRecord,
+        chain: Sequence[str],
+        progress: Any,
+    ) -> Any:
+        """``_execute`` with hooks: started, the call, done, the chains."""
+        hooks = self.hooks
+        ctx = HookContext(record.session, record.caller, tuple(chain), {}, self.host_id)
+        info = hooks.info(record.call_id, record.tool, bound.arguments, record.caller or "")
+        try:
+            await hooks.started(ctx, info, progress)
             value = await supervisor.call(number, spec, bound, self._config.limits.call_timeout)
         except HostError as exc:
-            result = await self._done(record, hooked, ToolResult.failure(exc))
+            self._done(record, exc)
+            result = await hooks.finished(ctx, info, ToolResult.failure(exc))
             if result.error is exc:
                 await self._finish(record, exc)
                 raise
@@ -328,18 +359,16 @@ class Mediator:
             await self._finish(record, exc)
             raise
         else:
-            result = await self._done(record, hooked, ToolResult.success(value))
+            self._done(record, None)
+            result = await hooks.finished(ctx, info, ToolResult.success(value))
         await self._finish(record, result.error)
         if result.error is not None:
             raise result.error
         return result.value
 
-    async def _started(
-        self, record: AuditRecord, bound: BoundCall, chain: Sequence[str]
-    ) -> tuple[HookContext, ToolCallInfo] | None:
-        """The ``tool_call_started`` event, then its hooks (when any are registered)."""
-        tool = record.tool
-        argument = self._progress.get(tool)
+    def _started(self, record: AuditRecord, bound: BoundCall, chain: Sequence[str]) -> Any:
+        """The ``tool_call_started`` event; returns the progress argument's value."""
+        argument = self._progress.get(record.tool) if self._progress else None
         progress = bound.arguments.get(argument) if argument is not None else None
         if isinstance(progress, str):
             progress = escape_text(self._redactor.text(progress[:200]))
@@ -349,34 +378,23 @@ class Mediator:
             "tool_call_started",
             record.session,
             call_id=record.call_id,
-            tool=tool,
+            tool=record.tool,
             caller=record.caller,
             chain=tuple(chain),
             progress=progress,
         )
-        hooks = self.hooks
-        if not hooks.active:
-            return None
-        ctx = HookContext(record.session, record.caller, tuple(chain), {}, self.host_id)
-        info = hooks.info(record.call_id, tool, bound.arguments, record.caller or "")
-        await hooks.started(ctx, info, progress)
-        return ctx, info
+        return progress
 
-    async def _done(
-        self, record: AuditRecord, hooked: tuple[HookContext, ToolCallInfo] | None, raw: ToolResult
-    ) -> ToolResult:
-        """The ``tool_call_done`` event, then the hooks and chains on the raw result."""
+    def _done(self, record: AuditRecord, error: HostError | None) -> None:
+        """The ``tool_call_done`` event, on the raw result."""
         self.events.emit(
             "tool_call_done",
             record.session,
             call_id=record.call_id,
             tool=record.tool,
-            ok=raw.ok,
-            error=raw.error.kind if raw.error is not None else None,
+            ok=error is None,
+            error=error.kind if error is not None else None,
         )
-        if hooked is None:
-            return raw
-        return await self.hooks.finished(hooked[0], hooked[1], raw)
 
     async def _admit(
         self, record: AuditRecord, decision: Decision, policy: Policy, bound: BoundCall
