@@ -84,6 +84,7 @@ SPECS: dict[str, CaseSpec] = {
         CaseSpec("host-trio-sync", "host + subprocess capsule, add_sync (sync), trio", True, True),
         CaseSpec("host-nostore", "as host, with a store that keeps nothing", True, True),
         CaseSpec("host-trio-nostore", "as host-trio, with a store that keeps nothing", True, True),
+        CaseSpec("host-hooks5", "as host, with five no-op hooks that all run", True, True),
     )
 }
 
@@ -450,6 +451,29 @@ async def _host(
     return lambda: host.call(tool, 1, 2)
 
 
+def _noop(*args: Any) -> None:
+    del args
+
+
+async def _host_hooks(stack: AsyncExitStack, project: Path) -> Callable[[], Awaitable[Any]]:
+    """``await host.call("add", 1, 2)`` with five no-op hooks that all run on a success
+    (started, done, two success links, before_store); a tree from before hooks has no
+    ``host.hook``: it runs as ``host``."""
+    host = await _open_host(stack, project, twin=False, store=True)
+    if hasattr(host, "hook"):
+        for n, kind in enumerate(
+            (
+                "tool_call_started",
+                "tool_call_done",
+                "after_tool_call_success",
+                "after_tool_call_success",
+                "before_store_tool_result",
+            )
+        ):
+            host.hook(_noop, kind, id=f"noop.{n}")
+    return lambda: host.call("add", 1, 2)
+
+
 async def _transport(stack: AsyncExitStack, project: Path) -> Callable[[], Awaitable[Any]]:
     """``transport.call(...)`` on the host's running capsule transport: no mediator."""
     from capsule.protocol import encode
@@ -511,6 +535,8 @@ async def _serve_loop(name: str, project: Path) -> None:
             call = await _pipe_asyncio(stack)
         elif name.startswith("transport"):
             call = await _transport(stack, project)
+        elif name == "host-hooks5":
+            call = await _host_hooks(stack, project)
         else:
             tool = "add_sync" if name.endswith("-sync") else "add"
             twin = name == "host-twin"

@@ -10,24 +10,37 @@ any depth. Console output written in pieces is also redacted where it is read (a
 split across two writes is joined there first; see ``StreamRedactor``).
 
 Kinds emitted by the core: ``capsule_started``, ``capsule_crashed``, ``capsule_unavailable``,
-``tool_file_failed``, ``console``, ``console_dropped``, ``call_started``, ``call_done``; the
-policy's, among them ``policy_warning`` and ``policy_missing``; the tool contexts'
-(``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``). README,
-"Events", lists them all with their fields.
+``tool_file_failed``, ``console``, ``console_dropped``, ``tool_call_started``,
+``tool_call_done``, ``hook_failed``, ``hook_timed_out``; the policy's, among them
+``policy_decision``, ``policy_denied``, ``policy_warning`` and ``policy_missing``; the tool
+contexts' (``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``).
+README, "Events and traces", lists them with their fields.
+
+Three ways to follow them: ``bus.subscribe(fn)`` (``host.on``), plain callables run in
+the emitting task; ``bus()`` (``host.events()``), an async iterator with a bounded buffer
+of its own; and ``SessionLog``, one JSON line per event of a session in
+``.agent/sessions/ID.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._display import Redactor
 
-__all__ = ["Event", "EventBus"]
+__all__ = ["Event", "EventBus", "EventStream", "SessionLog"]
 
 logger = logging.getLogger("toolhost")
 
@@ -54,9 +67,27 @@ class EventBus:
 
     def __init__(self, keep: int = 1000, *, redactor: Redactor | None = None) -> None:
         self._listeners: list[Listener] = []
+        self._iterators: set[EventStream] = set()
         self.recent: deque[Event] = deque(maxlen=keep)
         self.redactor = redactor if redactor is not None else Redactor()
         """What every event's fields pass before they are kept or handed out."""
+
+    def __call__(self, *kinds: str, buffer: int = 1000) -> EventStream:
+        """An async iterator over the events emitted from now on (of ``kinds``, or all).
+
+        Each stream has its own buffer of ``buffer`` events. A consumer that falls behind
+        never slows the host: the events that find its buffer full are dropped, and the
+        next event it reads is ``events_dropped`` with their count (``dropped``). The
+        stream ends when the host closes; ``aclose()`` (or ``async with``) ends it sooner.
+        """
+        stream = EventStream(self, frozenset(kinds), buffer)
+        self._iterators.add(stream)
+        return stream
+
+    def close(self) -> None:
+        """End every open stream (the host is closing)."""
+        for stream in tuple(self._iterators):
+            stream.end()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` for every event; returns a function that unsubscribes."""
@@ -80,4 +111,127 @@ class EventBus:
                 listener(event)
             except Exception:
                 logger.exception("event listener %r failed on %r", listener, event)
+        if self._iterators:
+            for stream in tuple(self._iterators):
+                stream.put(event)
         return event
+
+
+class EventStream:
+    """Events as an async iterator (``host.events()``); see ``EventBus.__call__``."""
+
+    def __init__(self, bus: EventBus, kinds: frozenset[str], buffer: int) -> None:
+        self._bus = bus
+        self._kinds = kinds
+        pair = anyio.create_memory_object_stream[Event](max_buffer_size=max(1, buffer))
+        self._send: MemoryObjectSendStream[Event] = pair[0]
+        self._receive: MemoryObjectReceiveStream[Event] = pair[1]
+        self.dropped = 0
+        """Events dropped so far because the buffer was full."""
+        self._unreported = 0
+
+    def put(self, event: Event) -> None:
+        if self._kinds and event.kind not in self._kinds:
+            return
+        try:
+            self._send.send_nowait(event)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            self._unreported += 1
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.end()
+
+    def end(self) -> None:
+        self._bus._iterators.discard(self)  # pyright: ignore[reportPrivateUsage]
+        self._send.close()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._unreported:
+            count, self._unreported = self._unreported, 0
+            return Event("events_dropped", None, {"dropped": count})
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self.end()
+        self._receive.close()
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _plain(value: Any) -> Any:
+    """What ``json`` cannot encode, as its ``repr``."""
+    return repr(value)
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False, default=_plain).encode
+
+
+class SessionLog:
+    """One session's events as JSON lines in ``PATH`` (``.agent/sessions/ID.jsonl``).
+
+    Each line is ``{"time", "kind", "session", "data"}`` as JSON, passed through
+    ``redact`` before it is written (the host's replaces each secret as it appears
+    inside a JSON string; ``None`` when there are no secrets). Lines are buffered and
+    flushed when the session closes (and every ``flush_every`` events), so a host that is
+    killed may lose the last few lines.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        session: str,
+        path: Path,
+        redact: Callable[[str], str] | None,
+        *,
+        flush_every: int = 64,
+    ) -> None:
+        self.path = path
+        self._session = session
+        self._redact = redact
+        self._flush_every = flush_every
+        self._pending = 0
+        self._file: IO[str] | None = None
+        self._unsubscribe = bus.subscribe(self._write)
+
+    def _open(self) -> IO[str]:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "a", encoding="utf-8")
+
+    def _write(self, event: Event) -> None:
+        if event.session != self._session:
+            return
+        if self._file is None:
+            self._file = self._open()
+        line = _ENCODE(
+            {"time": event.time, "kind": event.kind, "session": event.session, "data": event.data}
+        )
+        if self._redact is not None:
+            line = self._redact(line)
+        self._file.write(line + "\n")
+        self._pending += 1
+        if self._pending >= self._flush_every:
+            self._pending = 0
+            self._file.flush()
+
+    def close(self) -> None:
+        self._unsubscribe()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

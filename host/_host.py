@@ -26,8 +26,9 @@ from capsule.protocol import encode
 from ._binding import check_value
 from ._context import SessionContext
 from ._display import Redactor
-from ._events import EventBus
+from ._events import EventBus, SessionLog
 from ._mediator import Caller, Mediator
+from ._tracing import Tracing
 from .audit import SQLiteStore, Store, StoreUnavailable
 from .capsules import (
     CodeResult,
@@ -48,6 +49,7 @@ from .declare import (
     resolve_project,
 )
 from .errors import HostError, PolicyFileError
+from .hooks import Hook, HookFn, HookKind, HookRunner, app_hook, load_hook_files
 from .policy import (
     Approver,
     InboxApprover,
@@ -183,6 +185,7 @@ class Session:
         supervisor: Supervisor,
         context: SessionContext | None = None,
         metadata: Mapping[str, Any] | None = None,
+        log: SessionLog | None = None,
     ) -> None:
         self._host = host
         self.id = session_id
@@ -191,6 +194,8 @@ class Session:
         """Serves the requests of the tool contexts of this session's calls."""
         self.metadata: Mapping[str, Any] = MappingProxyType(dict(metadata or {}))
         """Read-only values the app gave the session (tools see them as ``ctx.metadata``)."""
+        self.log = log
+        """The session's event log (``.agent/sessions/ID.jsonl``), if the host keeps them."""
         self.tools = _tree(self.call_as, host.discovery.tools, "app")
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
@@ -226,7 +231,12 @@ class Session:
         replaced in its error always, and in its value and output as ``[env]
         redact_results`` says.
         """
-        result = await self.code.run(source)
+        tracing = self._host.mediator.tracing
+        if tracing is None:
+            result = await self.code.run(source)
+        else:
+            with tracing.run_code(self.id):
+                result = await self.code.run(source)
         mediator = self._host.mediator
         if not mediator.redactor:
             return result
@@ -270,6 +280,7 @@ class Host:
         approver: Approver,
         watch_policy: bool = True,
         scope: Scope,
+        session_logs: bool = False,
     ) -> None:
         self.project = project
         self.discovery = discovery
@@ -299,8 +310,10 @@ class Host:
             host_id=self.host_id,
             scope=scope,
         )
+        self.mediator.hooks.attach(task_group)
         self._factory = factory
         self._tg = task_group
+        self._session_logs = session_logs
         self._sessions: set[Session] = set()
         self._default: Session | None = None
 
@@ -320,6 +333,9 @@ class Host:
         approver: Approver | Literal["inbox"] | None = None,
         store: Store | None = None,
         session: str | None = None,
+        session_logs: bool = False,
+        tracer_provider: Any = None,
+        trace_content: bool = False,
     ) -> AsyncGenerator[Host]:
         """Discover the tools, read the policy, start the default session's capsule.
 
@@ -339,6 +355,12 @@ class Host:
             session: the default session's id (letters, digits, ``_``, ``-``; at most
                 64): give the id of an earlier session to find its key-value store and
                 files again. Default: a new random id.
+            session_logs: write each session's events (redacted) to
+                ``PROJECT/.agent/sessions/ID.jsonl`` (off by default: it costs about
+                15 us of CPU per call, see benchmarks/README.md).
+            tracer_provider: an OpenTelemetry ``TracerProvider`` for spans per call
+                (default: the global one, if the app set one; else no tracing).
+            trace_content: record arguments and results (redacted) on the spans.
 
         Raises:
             DeclarationError: a tool file cannot be read or its names clash.
@@ -346,6 +368,7 @@ class Host:
         """
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
+        project_hooks = load_hook_files(resolved.tools_dir.parent / "hooks")
         scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
@@ -377,6 +400,11 @@ class Host:
                     approver=approver if approver is not None else default_approver(),
                     watch_policy=policy is None,
                     scope=scope,
+                    session_logs=session_logs,
+                )
+                host.mediator.hooks.set_files(project_hooks)
+                host.mediator.tracing = Tracing.open(
+                    tracer_provider, redact=host.mediator.redact, content=trace_content
                 )
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
@@ -480,8 +508,18 @@ class Host:
             context=context,
             metadata=values,
         )
+        log = (
+            SessionLog(
+                self.events,
+                session_id,
+                self.project.state_dir / "sessions" / f"{session_id}.jsonl",
+                self.mediator.json_redact,
+            )
+            if self._session_logs
+            else None
+        )
         context.supervisor = supervisor
-        session = Session(self, session_id, supervisor, context, values)
+        session = Session(self, session_id, supervisor, context, values, log)
         self._sessions.add(session)
         try:
             await supervisor.ensure()
@@ -494,6 +532,9 @@ class Host:
         for session in sessions:
             await session.code.aclose()
             await session.supervisor.aclose()
+            if session.log is not None:
+                session.log.close()
+        self.events.close()
         self.policy.close()
 
     async def reload_tools(self) -> bool:
@@ -580,6 +621,29 @@ class Host:
             with anyio.CancelScope(shield=True):
                 await session.code.aclose()
                 await session.supervisor.aclose()
+            if session.log is not None:
+                session.log.close()
+
+    @property
+    def hooks(self) -> HookRunner:
+        """The hooks in force (``hooks.hooks`` lists them in the order they run)."""
+        return self.mediator.hooks
+
+    def hook(
+        self,
+        fn: HookFn,
+        kind: HookKind | None = None,
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]:
+        """Register ``fn`` as a hook (after the project's ``hooks/*.py``); returns a function
+        that removes it. ``kind`` may be left out for a function marked with ``@hook``.
+
+        Raises:
+            HostError: an unknown kind, or an id another hook has.
+        """
+        registered: Hook = app_hook(fn, kind, id)
+        return self.mediator.hooks.add(registered)
 
     def on(self, kind: str, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``listener(event)`` for every event of ``kind`` (``"*"`` for all)."""

@@ -26,9 +26,10 @@ clients), read from the policy version the call was decided against.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any, Final
@@ -40,6 +41,7 @@ from capsule.context import Attachment, Result
 from ._binding import BoundCall, bind
 from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
+from ._tracing import Tracing
 from .audit import DONE, AuditRecord, Outcome, Store, StoreFull, StoreUnavailable
 from .declare import ArgumentValidator, Discovery, Scope, ToolSpec
 from .errors import (
@@ -51,6 +53,7 @@ from .errors import (
     PolicyDenied,
     UnknownTool,
 )
+from .hooks import HookContext, HookRunner, ToolResult, progress_arguments
 from .policy import (
     Approver,
     Decision,
@@ -174,9 +177,17 @@ class Mediator:
         self.escalations = Escalations(approver, store, events, host_id)
         self._frames: dict[int, CallFrame] = {}
         """Calls in flight to tools that take a context, by wire id."""
-        self._redactor = (
-            events.redactor if events.redactor else Redactor(config.env.secret_values(os.environ))
+        secrets = config.env.secret_values(os.environ)
+        self._redactor = events.redactor if events.redactor else Redactor(secrets)
+        self._json_redactor = Redactor(
+            {name: json.dumps(value, ensure_ascii=False)[1:-1] for name, value in secrets.items()}
         )
+        """Secrets as they appear inside a JSON string (the session logs)."""
+        self.tracing: Tracing | None = None
+        """Spans per call, when OpenTelemetry is configured (set by the host)."""
+        self.hooks = HookRunner(events, self._redactor)
+        """The hooks of this host, run around every call that runs."""
+        self._progress = progress_arguments(discovery)
 
     @property
     def config(self) -> PolicyConfig:
@@ -192,6 +203,7 @@ class Mediator:
         self._discovery = discovery
         self._names = names
         self._validator = ArgumentValidator(scope) if scope is not None else None
+        self._progress = progress_arguments(discovery)
 
     def redact(self, text: str) -> str:
         """``text`` with the values of ``[env] secret`` variables replaced (and of the
@@ -237,6 +249,11 @@ class Mediator:
     def frame(self, number: int) -> CallFrame | None:
         """The call in flight with this wire id, if it is one to a tool with a context."""
         return self._frames.get(number)
+
+    @property
+    def json_redact(self) -> Callable[[str], str] | None:
+        """Replaces secrets in JSON text (as JSON escapes them); ``None`` without secrets."""
+        return self._json_redactor.text if self._json_redactor else None
 
     def forget_session(self, session: str) -> None:
         """Drop a closed session's quotas and remembered answers."""
@@ -384,28 +401,37 @@ class Mediator:
                 policy_version=policy_version,
                 chain=chain,
             )
+        if self.tracing is not None:
+            self.tracing.event(
+                "policy_decision",
+                {"gen_ai.tool.name": tool, "decision": decision.decision, "rule": decision.rule},
+            )
         ticket = await self._admit(record, decision, policy, bound, chain)
+        if ticket is not None:  # the approval is spent here, on exactly these bytes
+            try:
+                ticket.redeem(call_id, session, tool, bound.encoded)
+            except BaseException as exc:
+                await self._finish(record, exc)
+                raise
         frame: CallFrame | None = None
         if spec.context is not None:
             frame = CallFrame(number, call_id, session, tool, caller, chain, spec.uses, root)
             self._frames[number] = frame
+        above = chain if parent is not None else ()  # what hooks and events call the chain
         try:
-            if ticket is not None:  # the approval is spent here, on exactly these bytes
-                ticket.redeem(call_id, session, tool, bound.encoded)
-            timeout = self._config.limits.call_timeout
-            if frame is None:
-                value = await supervisor.call(number, spec, bound, timeout)
+            if self.tracing is None:
+                value = await self._execute(supervisor, number, spec, bound, record, above, frame)
             else:
-                value = await supervisor.call(number, spec, bound, timeout, frame.info())
-            if type(value) in _FILES:
-                await self._keep_files(record, value)
-        except BaseException as exc:
-            await self._finish(record, exc)
-            raise
+                with self.tracing.tool_span(
+                    tool, call_id, caller, session, bound.arguments
+                ) as span:
+                    value = await self._execute(
+                        supervisor, number, spec, bound, record, above, frame
+                    )
+                    self.tracing.result(span, value)
         finally:
             if frame is not None:
                 del self._frames[number]
-        await self._finish(record, None)
         if self.redacts_results(caller, policy):
             if isinstance(value, Result):  # the value is what is shown; files stay bytes
                 files: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
@@ -451,6 +477,120 @@ class Mediator:
             "context_refused", session, call_id=record.call_id, op=op, reason=record.error
         )
         await self._write(record, None)
+
+    async def _execute(
+        self,
+        supervisor: Supervisor,
+        number: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        record: AuditRecord,
+        chain: Sequence[str],
+        frame: CallFrame | None,
+    ) -> Any:
+        """Hooks around the dispatch of an admitted call; its outcome audited.
+
+        Without hooks this is the plain path: two events and no awaits of its own."""
+        hooks = self.hooks
+        progress = self._started(record, bound, chain)
+        if hooks.active:
+            return await self._hooked(
+                supervisor, number, spec, bound, record, chain, frame, progress
+            )
+        try:
+            value = await self._dispatch(supervisor, number, spec, bound, record, frame)
+        except BaseException as exc:
+            if isinstance(exc, HostError):
+                self._done(record, exc)
+            await self._finish(record, exc)
+            raise
+        self._done(record, None)
+        await self._finish(record, None)
+        return value
+
+    async def _hooked(
+        self,
+        supervisor: Supervisor,
+        number: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        record: AuditRecord,
+        chain: Sequence[str],
+        frame: CallFrame | None,
+        progress: Any,
+    ) -> Any:
+        """``_execute`` with hooks: started, the call, done, the chains."""
+        hooks = self.hooks
+        ctx = HookContext(record.session, record.caller, tuple(chain), {}, self.host_id)
+        info = hooks.info(record.call_id, record.tool, bound.arguments, record.caller or "")
+        try:
+            await hooks.started(ctx, info, progress)
+            value = await self._dispatch(supervisor, number, spec, bound, record, frame)
+        except HostError as exc:
+            self._done(record, exc)
+            result = await hooks.finished(ctx, info, ToolResult.failure(exc))
+            if result.error is exc:
+                await self._finish(record, exc)
+                raise
+        except BaseException as exc:
+            await self._finish(record, exc)
+            raise
+        else:
+            self._done(record, None)
+            result = await hooks.finished(ctx, info, ToolResult.success(value))
+        await self._finish(record, result.error)
+        if result.error is not None:
+            raise result.error
+        return result.value
+
+    def _started(self, record: AuditRecord, bound: BoundCall, chain: Sequence[str]) -> Any:
+        """The ``tool_call_started`` event; returns the progress argument's value."""
+        argument = self._progress.get(record.tool) if self._progress else None
+        progress = bound.arguments.get(argument) if argument is not None else None
+        if isinstance(progress, str):
+            progress = escape_text(self._redactor.text(progress[:200]))
+        elif progress is not None and not isinstance(progress, int | float | bool):
+            progress = None  # only scalars travel in the event
+        self.events.emit(
+            "tool_call_started",
+            record.session,
+            call_id=record.call_id,
+            tool=record.tool,
+            caller=record.caller,
+            chain=tuple(chain),
+            progress=progress,
+        )
+        return progress
+
+    def _done(self, record: AuditRecord, error: HostError | None) -> None:
+        """The ``tool_call_done`` event, on the raw result."""
+        self.events.emit(
+            "tool_call_done",
+            record.session,
+            call_id=record.call_id,
+            tool=record.tool,
+            ok=error is None,
+            error=error.kind if error is not None else None,
+        )
+
+    async def _dispatch(
+        self,
+        supervisor: Supervisor,
+        number: int,
+        spec: ToolSpec,
+        bound: BoundCall,
+        record: AuditRecord,
+        frame: CallFrame | None,
+    ) -> Any:
+        """The call in its capsule (with its context, if it takes one); files kept."""
+        timeout = self._config.limits.call_timeout
+        if frame is None:
+            value = await supervisor.call(number, spec, bound, timeout)
+        else:
+            value = await supervisor.call(number, spec, bound, timeout, frame.info())
+        if type(value) in _FILES:
+            await self._keep_files(record, value)
+        return value
 
     async def _admit(
         self,
@@ -534,6 +674,10 @@ class Mediator:
                 error=kind,
                 rule=getattr(exc, "rule", None),
             )
+            if self.tracing is not None:
+                self.tracing.event(
+                    "policy_denied", {"gen_ai.tool.name": record.tool, "error": kind}
+                )
         else:
             kind, text = "cancelled", None
         approval = exc.reason if isinstance(exc, NotApproved) else record.approval

@@ -24,6 +24,12 @@ counts, png = chart.value, chart.attachments[0]
 print(f"chart: {counts['open']} open, {counts['closed']} closed (chart {counts['charts']})")
 print(f"  {png.name}: {png.mime_type}, {png.width}x{png.height}, kept at {png.path}")
 
+# hooks/redact_emails.py (trusted code the host loads) reshapes results: an email address
+# in a task never reaches this script or the audit (`toolhost hooks` lists the hooks).
+task = await kanban.add("reply to ana@example.com")
+print("a hook rewrote the result:", task["title"])
+await kanban.close(task["id"])
+
 # Rule "many-dice" escalates: at a terminal you are asked; without one, nobody can
 # answer, so the call is not approved and does not run.
 try:

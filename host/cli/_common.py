@@ -235,6 +235,13 @@ def print_events(event: Event) -> None:
         note(f"policy warning: {data.get('text')}")
     elif event.kind == "policy_reload_failed":
         note(f"the policy did not reload: {data.get('error')}")
+    elif event.kind == "hook_failed":
+        note(f"hook {data.get('hook')} ({data.get('hook_kind')}) failed: {data.get('error')}")
+    elif event.kind == "hook_timed_out":
+        note(
+            f"{data.get('hook_kind')} hooks of {data.get('tool')} still running after "
+            f"{data.get('timeout')} s: the call went on"
+        )
 
 
 @contextlib.asynccontextmanager

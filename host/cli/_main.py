@@ -24,6 +24,7 @@ from host.errors import HostError
 from ._call import CALL_COMMANDS
 from ._common import Subparsers, UsageError, dumps
 from ._exec import EXEC_COMMANDS
+from ._hooks import HOOKS_COMMANDS
 from ._policy import POLICY_COMMANDS
 from ._scope import SCOPE_COMMANDS
 from ._serve import SERVE_COMMANDS
@@ -35,6 +36,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
     *EXEC_COMMANDS,
     *SCOPE_COMMANDS,
     *POLICY_COMMANDS,
+    *HOOKS_COMMANDS,
     *SERVE_COMMANDS,
 ]
 """Each adds one sub-command, in the order ``toolhost --help`` lists them."""
