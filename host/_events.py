@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -67,6 +67,8 @@ class EventBus:
 
     def __init__(self, keep: int = 1000, *, redactor: Redactor | None = None) -> None:
         self._listeners: list[Listener] = []
+        self._by_kind: dict[str, list[Listener]] = {}
+        """Listeners of some kinds only (``subscribe(fn, kinds)``)."""
         self._iterators: set[EventStream] = set()
         self.recent: deque[Event] = deque(maxlen=keep)
         self.redactor = redactor if redactor is not None else Redactor()
@@ -89,13 +91,35 @@ class EventBus:
         for stream in tuple(self._iterators):
             stream.end()
 
-    def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener`` for every event; returns a function that unsubscribes."""
-        self._listeners.append(listener)
+    def wants(self, kind: str) -> bool:
+        """Whether a listener or stream would see an event of ``kind`` now (a session log
+        is a listener). Events every call would make are skipped when nobody wants them."""
+        if self._listeners or kind in self._by_kind:
+            return True
+        return any(not s.kinds or kind in s.kinds for s in self._iterators)
+
+    def subscribe(
+        self, listener: Listener, kinds: Iterable[str] | None = None
+    ) -> Callable[[], None]:
+        """Call ``listener`` for every event (or only those of ``kinds``); returns a
+        function that unsubscribes."""
+        if kinds is None:
+            self._listeners.append(listener)
+        else:
+            for kind in kinds:
+                self._by_kind.setdefault(kind, []).append(listener)
 
         def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+            if kinds is None:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+                return
+            for kind in kinds:
+                found = self._by_kind.get(kind, [])
+                if listener in found:
+                    found.remove(listener)
+                if not found:
+                    self._by_kind.pop(kind, None)
 
         return unsubscribe
 
@@ -106,7 +130,10 @@ class EventBus:
         self.recent.append(event)
         if kind != "console":
             logger.debug("%r", event)
-        for listener in tuple(self._listeners):
+        listeners = self._listeners
+        if kind in self._by_kind:
+            listeners = [*listeners, *self._by_kind[kind]]
+        for listener in tuple(listeners):
             try:
                 listener(event)
             except Exception:
@@ -122,7 +149,8 @@ class EventStream:
 
     def __init__(self, bus: EventBus, kinds: frozenset[str], buffer: int) -> None:
         self._bus = bus
-        self._kinds = kinds
+        self.kinds = kinds
+        """The kinds this stream takes (empty: all)."""
         pair = anyio.create_memory_object_stream[Event](max_buffer_size=max(1, buffer))
         self._send: MemoryObjectSendStream[Event] = pair[0]
         self._receive: MemoryObjectReceiveStream[Event] = pair[1]
@@ -131,7 +159,7 @@ class EventStream:
         self._unreported = 0
 
     def put(self, event: Event) -> None:
-        if self._kinds and event.kind not in self._kinds:
+        if self.kinds and event.kind not in self.kinds:
             return
         try:
             self._send.send_nowait(event)

@@ -115,3 +115,44 @@ async def test_session_logs_are_off_by_default(make_project: Callable[..., Path]
     async with Host.open(project) as host:
         await host.call("say", "x")
     assert not (project / ".agent" / "sessions").exists()
+
+
+async def test_per_call_events_are_made_only_while_someone_wants_them(
+    make_project: Callable[..., Path],
+) -> None:
+    project = make_project(TOOLS, POLICY)
+    async with Host.open(project) as host:
+        await host.call("say", "a")  # nobody listens: the two events every call makes are skipped
+        kinds = [e.kind for e in host.events.recent]
+        assert "tool_call_started" not in kinds and "tool_call_done" not in kinds
+        assert "policy_decision" in kinds  # the others are made as ever
+
+        only_policy: list[str] = []
+        unsubscribe = host.events.subscribe(only_policy.append, ("policy_decision",))
+        await host.call("say", "b")  # a listener of other kinds does not want them either
+        assert [e.kind for e in host.events.recent].count("tool_call_started") == 0
+        unsubscribe()
+
+        async with host.events("tool_call_done") as stream:
+            await host.call("say", "c")
+            done = await stream.__anext__()
+        assert done.kind == "tool_call_done" and done.data["ok"] is True
+
+        seen: list[str] = []
+        host.on("tool_call_started", lambda e: seen.append(e.data["tool"]))
+        await host.call("say", "d")
+        assert seen == ["say"]
+
+
+def test_a_listener_of_some_kinds_gets_only_those() -> None:
+    bus = EventBus()
+    got: list[str] = []
+    unsubscribe = bus.subscribe(lambda e: got.append(e.kind), ("a", "b"))
+    assert bus.wants("a") and not bus.wants("c")
+    bus.emit("a")
+    bus.emit("c")
+    bus.emit("b")
+    unsubscribe()
+    bus.emit("a")
+    assert got == ["a", "b"]
+    assert not bus.wants("a")

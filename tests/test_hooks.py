@@ -366,3 +366,53 @@ async def test_the_example_project_hides_emails_in_kanban_results() -> None:
         assert task["title"] == "mail <email> today"
         assert await host.call("add", 2, 3) == 5  # other tools are left alone
         await host.call("kanban.close", task["id"])
+
+
+NESTED = {
+    "relay": """
+        from capsule.context import ToolContext
+
+        __uses__ = {"relay": ["shout"]}
+
+
+        async def relay(text: str, ctx: ToolContext) -> str:
+            return await ctx.call("shout", text)
+    """,
+    "loud": """
+        def shout(text: str) -> str:
+            return text.upper()
+    """,
+}
+
+NESTED_POLICY = """
+    version = 1
+    [defaults]
+    tool = "allow"
+"""
+
+
+async def test_a_nested_call_runs_the_hooks_too_marked_by_its_caller_and_chain(
+    make_project: Callable[..., Path],
+) -> None:
+    project = make_project(NESTED, NESTED_POLICY)
+    seen: list[tuple[str, str, str, tuple[str, ...], Any]] = []
+    async with Host.open(project) as host:
+
+        def started(ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
+            seen.append(("started", call.tool, ctx.caller, ctx.chain, None))
+
+        def success(ctx: HookContext, call: ToolCallInfo, result: ToolResult) -> Any:
+            seen.append(("success", call.tool, ctx.caller, ctx.chain, result.value))
+            if call.tool == "shout":
+                return f"<{result.value}>"  # the nested result, reshaped for its caller
+            return None
+
+        host.hook(started, "tool_call_started")
+        host.hook(success, "after_tool_call_success")
+        assert await host.call("relay", "hi") == "<HI>"
+    assert seen == [
+        ("started", "relay", "app", (), None),
+        ("started", "shout", "tool", ("app", "relay"), None),
+        ("success", "shout", "tool", ("app", "relay"), "HI"),
+        ("success", "relay", "app", (), "<HI>"),
+    ]

@@ -172,7 +172,7 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
-        self._unsubscribe = events.subscribe(self._on_event)
+        self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
 
     @staticmethod
     def _on_event(event: Event) -> None:
