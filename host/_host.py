@@ -293,6 +293,8 @@ class Host:
         """This host's id in the audit trail (each call id starts with it)."""
         self.store = store
         """The state database: audit trail, grants, pending approvals."""
+        if isinstance(store, SQLiteStore):
+            store.on_tamper = self._tampered
         self.policy = PolicySource(
             config,
             files=(lambda: project.policy_files) if watch_policy else None,
@@ -425,8 +427,11 @@ class Host:
             closed = await self.store.start(self.host_id)
         except StoreUnavailable as exc:
             raise HostError(f"the host cannot start: {exc}") from None
-        if closed:
-            self.events.emit("audit_reconciled", None, closed_as_unknown=closed)
+        if closed:  # started: unknown; waiting for an approval: denied (host_stopped)
+            self.events.emit("audit_reconciled", None, closed=closed, closed_as_unknown=closed)
+
+    def _tampered(self, what: str, detail: str) -> None:
+        self.events.emit("audit_tampered", None, what=what, detail=detail)
 
     def _policy_changed(self, change: Policy | PolicyFileError) -> None:
         if isinstance(change, PolicyFileError):
