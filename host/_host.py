@@ -8,6 +8,7 @@ access where every call is awaitable, whatever the tool's body.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import uuid
@@ -371,7 +372,10 @@ class Host:
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
         project_hooks = load_hook_files(resolved.tools_dir.parent / "hooks")
-        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+        rejected: list[str] = []
+        scope = await anyio.to_thread.run_sync(
+            functools.partial(load_or_build_scope, discovery, on_reject=rejected.append)
+        )
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
         )
@@ -408,6 +412,8 @@ class Host:
                 host.mediator.tracing = Tracing.open(
                     tracer_provider, redact=host.mediator.redact, content=trace_content
                 )
+                for reason in rejected:  # the scope cache: what it would not trust
+                    host.events.emit("cache_rejected", None, cache="scopes", reason=reason)
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:
@@ -553,7 +559,12 @@ class Host:
             DeclarationError: the new tool files cannot be declared; the old ones stay.
         """
         discovery = discover(self.project.tools_dir)
-        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+        rejected: list[str] = []
+        scope = await anyio.to_thread.run_sync(
+            functools.partial(load_or_build_scope, discovery, on_reject=rejected.append)
+        )
+        for reason in rejected:
+            self.events.emit("cache_rejected", None, cache="scopes", reason=reason)
         if scope.key == self.scope.key and scope.tools == self.scope.tools:
             return False
         self.discovery = discovery
