@@ -748,6 +748,7 @@ class Ingester:
         appended: the sequence number of the last record the host appended (read after
             every report of the writer, and sent to it: records it cannot find are
             missing).
+        on_report: called on the follower thread after every report of the writer.
     """
 
     def __init__(
@@ -758,6 +759,7 @@ class Ingester:
         *,
         key: bytes,
         appended: Callable[[], int],
+        on_report: Callable[[], None] | None = None,
         interval: float,
         busy_timeout: float,
         durability: str,
@@ -775,6 +777,7 @@ class Ingester:
         ]
         self._key = key
         self._appended = appended
+        self._on_report = on_report
         self._cond = threading.Condition(threading.Lock())
         self.error: str | None = None
         self.tampered: str | None = None
@@ -822,6 +825,9 @@ class Ingester:
                     self.tampered = line[9:]
                 self._cond.notify_all()
             if line.startswith("done "):
+                if self._on_report is not None:
+                    with contextlib.suppress(Exception):  # never stops following
+                        self._on_report()
                 appended = self._appended()
                 if appended > self._told:  # only news: a quiet host sends nothing
                     self._told = appended

@@ -15,6 +15,7 @@ Other SQLite work runs on a worker thread (one at a time), never on the event lo
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -42,6 +43,8 @@ from ._records import (
     StoredFile,
     StoreUnavailable,
 )
+
+logger = logging.getLogger("toolhost.audit")
 
 __all__ = [
     "Durability",
@@ -234,6 +237,7 @@ class SQLiteStore:
         self._key = key
         self._db_id = ""
         self._told: set[tuple[str, str]] = set()
+        self._lock_checked = 0.0
         self.on_tamper: Callable[[str, str], None] | None = None
         """Called (on the event loop) when tampering is found: what (``journal``,
         ``grant``, ``key``...) and a description. The host turns it into an
@@ -369,10 +373,24 @@ class SQLiteStore:
             host_id,
             key=key.secret,
             appended=lambda: journal.seq,
+            on_report=self._check_lock,
             interval=self._interval,
             busy_timeout=self._busy_timeout,
             durability=self.durability,
         )
+
+    def _check_lock(self) -> None:
+        """About once a second (the writer's follower thread): the lock file is still
+        this host's, or is made again, so a removed one never lasts."""
+        now = time.monotonic()
+        if now - self._lock_checked < 1.0:
+            return
+        self._lock_checked = now
+        lock = self._lock
+        if lock is not None and not lock.verify():
+            logger.warning(
+                "this host's lock file %s was removed or replaced; made again", lock.path
+            )
 
     def _tell(self, what: str, detail: str) -> None:
         """Report tampering once (on the event loop)."""

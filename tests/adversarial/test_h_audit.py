@@ -500,3 +500,47 @@ async def test_an_approval_is_not_answered_by_the_audit(bank: Callable[..., Bank
 
 async def _answer(request: Any) -> Approval:
     return Approval(request.arguments["to"] == "alice")
+
+
+def test_liveness_rests_on_the_lock_and_the_process_never_on_the_file(tmp_path: Path) -> None:
+    from host.audit._hostlock import HostLock, identity
+
+    lock = HostLock(tmp_path, "live")
+    me = identity()
+    assert me is not None
+    try:
+        assert not HostLock.is_dead(tmp_path, "live", me)  # locked
+        lock.path.unlink()
+        assert not HostLock.is_dead(tmp_path, "live", me)  # no file, but it runs
+        assert not HostLock.is_dead(tmp_path, "live", None)  # no file, nothing to check
+        lock.path.write_text("")  # an unlocked impostor
+        assert not HostLock.is_dead(tmp_path, "live", me)
+        assert lock.path.exists()  # and it is not removed as a dead host's
+        assert not lock.verify()  # the host itself notices, and locks its own again
+        assert lock.verify() and not HostLock.is_dead(tmp_path, "live", None)
+    finally:
+        lock.release()
+    gone = "another-boot:0:1:1"  # a process of a boot that ended
+    assert HostLock.is_dead(tmp_path, "live", gone)  # no lock, no process: dead
+    (tmp_path / "old.lock").write_text("")
+    assert HostLock.is_dead(tmp_path, "old", gone) and not (tmp_path / "old.lock").exists()
+
+
+@pytest.mark.anyio
+async def test_a_running_host_makes_its_removed_lock_file_again(bank: Callable[..., Bank]) -> None:
+    import fcntl
+
+    b = bank()
+    async with b.open() as host:
+        lock = b.root / ".agent" / "hosts" / f"{host.host_id}.lock"
+        lock.unlink()
+        with anyio.fail_after(30):
+            while not lock.exists():
+                await host.call("balance")  # the writer reports; the host checks its lock
+                await anyio.sleep(0.05)
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # locked: by the host, for its life
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
