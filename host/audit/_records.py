@@ -27,7 +27,7 @@ Nothing here knows a database or the journal: a backend's module imports this on
 from __future__ import annotations
 
 from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 __all__ = [
@@ -188,9 +188,14 @@ class PendingAnswer:
     """Where the answer was given (checked against the rule's ``approvers``)."""
     answered: float = 0.0
     """Unix time of the answer."""
+    mac: str | None = field(default=None, repr=False, compare=False)
+    """The store's signature of the answer (a store checks it as it reads the answer back:
+    one written into the database by anybody else answers nothing)."""
 
     def to_data(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["mac"]
+        return data
 
 
 @dataclass(frozen=True, slots=True)

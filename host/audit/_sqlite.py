@@ -397,6 +397,7 @@ class SQLiteStore:
         if (what, detail) in self._told:
             return
         self._told.add((what, detail))
+        logger.warning("tampering found (%s): %s", what, detail)
         hook = self.on_tamper
         if hook is not None:
             hook(what, detail)
@@ -729,14 +730,45 @@ class SQLiteStore:
         await self._run(work)
         self._changes.bump()
 
+    def _answer_parts(self, pending_id: str, answer: PendingAnswer) -> tuple[Any, ...]:
+        return (
+            self._db_id,
+            pending_id,
+            answer.allow,
+            answer.remember,
+            answer.scope,
+            answer.comment,
+            answer.approver,
+            answer.channel,
+            answer.answered,
+        )
+
+    def _checked(self, pending: PendingApproval | None) -> PendingApproval | None:
+        """``pending`` with its answer only if this store signed it: an answer written
+        into the database by anybody else (to approve a call) answers nothing."""
+        key = self._key
+        if pending is None or pending.answer is None or key is None:
+            return pending
+        if key.verify(
+            pending.answer.mac, "answer", *self._answer_parts(pending.id, pending.answer)
+        ):
+            return pending
+        self._tell(
+            "answer",
+            f"the answer to request {pending.id} ({ascii(pending.tool)[:80]}) is not signed by "
+            "this host's key: ignored",
+        )
+        return replace(pending, answer=None)
+
     async def pending(self) -> list[PendingApproval]:
-        return await self._run(_pending.select_all)
+        rows = await self._run(_pending.select_all)
+        return [checked for row in rows if (checked := self._checked(row)) is not None]
 
     async def get_pending(self, pending_id: str) -> PendingApproval | None:
         def work(conn: sqlite3.Connection) -> PendingApproval | None:
             return _pending.select(conn, pending_id)
 
-        return await self._run(work)
+        return self._checked(await self._run(work))
 
     async def offer_pending(self, pending_id: str, margin: float = 0.0) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
@@ -747,12 +779,18 @@ class SQLiteStore:
         return offered
 
     async def answer_pending(self, pending_id: str, answer: PendingAnswer) -> AnswerResult:
+        key = self._key
+        if key is None:
+            raise StoreUnavailable(f"the state database {self.path} is not open")
+        answer = replace(answer, answered=answer.answered or time.time())
+        signed = replace(answer, mac=key.mac("answer", *self._answer_parts(pending_id, answer)))
+
         def work(conn: sqlite3.Connection) -> AnswerResult:
-            return _pending.answer(conn, pending_id, answer)
+            return _pending.answer(conn, pending_id, signed)
 
         result = await self._run(work)
         self._changes.bump()
-        return result
+        return replace(result, pending=self._checked(result.pending))
 
     def pending_version(self) -> int:
         return self._changes.version

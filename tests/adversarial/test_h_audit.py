@@ -165,6 +165,101 @@ async def test_a_tool_that_plants_a_grant_gains_nothing(bank: Callable[..., Bank
     assert not planted or reported
 
 
+# -- answers written into the database ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["written", "copied from another request"])
+async def test_an_answer_the_host_did_not_sign_approves_nothing(
+    bank: Callable[..., Bank], how: str
+) -> None:
+    """The inbox's answers go through the database; one written there by another process
+    of the user (to approve a call) is ignored: the request stays unanswered, is denied
+    at its deadline, and the tampering is reported."""
+    from host.audit import PendingAnswer
+
+    b = bank(timeout="2s")
+    async with b.open(approver="inbox") as host:
+        store = host.store
+        assert isinstance(store, SQLiteStore)
+        results: list[Any] = []
+
+        async def call(to: str) -> None:
+            try:
+                results.append(await host.call("transfer", to))
+            except NotApproved as exc:
+                results.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "mallory")
+            with anyio.fail_after(10):
+                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
+                    await anyio.sleep(0.01)
+            (request,) = await store.pending()
+            if how == "written":
+                b.sql(
+                    "UPDATE pending SET answer_allow = 1, answer_remember = 'once', "
+                    "answer_scope = 'call', answer_channel = 'inbox', answered = ? "
+                    "WHERE id = ?",
+                    time.time(),
+                    request.id,
+                )
+            else:  # a real answer, signed for another request, moved onto this one
+                _copy_request(b, request.id, "other")
+                answered = await store.answer_pending("other", PendingAnswer(True))
+                assert answered.status == "answered"
+                b.sql(
+                    "UPDATE pending SET (answer_allow, answer_remember, answer_scope, "
+                    "answer_channel, answered, answer_mac) = (SELECT answer_allow, "
+                    "answer_remember, answer_scope, answer_channel, answered, answer_mac "
+                    "FROM pending WHERE id = 'other') WHERE id = ?",
+                    request.id,
+                )
+        reported = _tampered(host, "answer")
+    assert b.ran() == []  # mallory was never paid
+    assert len(results) == 1 and isinstance(results[0], NotApproved)
+    assert results[0].reason == "timeout"
+    assert reported and "not signed by this host's key" in reported[0]
+
+
+def _copy_request(bank: Bank, pending_id: str, new_id: str) -> None:
+    conn = sqlite3.connect(bank.db)
+    try:
+        with conn:
+            conn.execute(
+                "CREATE TEMP TABLE copy AS SELECT * FROM pending WHERE id = ?", (pending_id,)
+            )
+            conn.execute("UPDATE copy SET id = ?", (new_id,))
+            conn.execute("INSERT INTO pending SELECT * FROM copy")
+    finally:
+        conn.close()
+
+
+async def test_an_answer_given_through_the_store_still_approves(
+    bank: Callable[..., Bank],
+) -> None:
+    from host.audit import PendingAnswer
+
+    b = bank()
+    async with b.open(approver="inbox") as host:
+        store = host.store
+        assert isinstance(store, SQLiteStore)
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await host.call("transfer", "alice"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
+                    await anyio.sleep(0.01)
+            (request,) = await store.pending()
+            answered = await store.answer_pending(request.id, PendingAnswer(True))
+            assert answered.status == "answered"
+        assert _tampered(host, "answer") == []
+    assert results == ["sent 1 to alice"] and b.ran() == [{"transfer": "alice", "amount": 1}]
+
+
 # -- the journal -----------------------------------------------------------------------------
 
 
