@@ -610,6 +610,17 @@ class _Writer:
             path.rename(path.with_name(path.name + ".tampered"))
 
 
+def _undumpable() -> None:
+    """Make this process non-dumpable (Linux), as the host is: it holds the host's key, and
+    a dumpable process's memory is open to every process of its user (``/proc/PID/mem``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
 def serve(
     db: str, folder: Path, host_id: str, interval: float, busy_timeout: float, durability: str
 ) -> int:
@@ -627,6 +638,7 @@ def serve(
     """
     import select
 
+    _undumpable()  # before the key arrives: no process of the user may read it from here
     state = _Writer(db, folder, host_id, busy_timeout, durability)
     stdin = os.fdopen(0, "rb", buffering=0)
     first = b""

@@ -639,3 +639,72 @@ async def test_a_running_host_makes_its_removed_lock_file_again(bank: Callable[.
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+PEEK = """
+import sys
+try:
+    with open(f"/proc/{sys.argv[1]}/mem", "rb") as f:
+        f.read(1)
+except PermissionError:
+    print("refused")
+except OSError as exc:
+    print(f"opened ({type(exc).__name__})")
+else:
+    print("opened")
+"""
+
+
+def test_the_audit_writer_holding_the_key_is_not_dumpable() -> None:
+    """The writer gets the host's key: its memory must be closed to the other processes
+    of its user (a subprocess tool), as the host's is. As root the writer and the peeking
+    process run as ``nobody``: root's capabilities would hide the difference."""
+    import pwd
+
+    root = Path(__file__).resolve().parents[2]
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    uid = pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else os.getuid()
+    python = "/usr/bin/python3.11" if os.geteuid() == 0 else sys.executable
+    if not Path(python).exists():
+        pytest.skip("no interpreter another user may run")
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="toolhost-writer-"))  # reachable by that user
+    os.chown(work, uid, -1)
+
+    def as_user() -> None:
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+    writer = subprocess.Popen(
+        [
+            *(python, str(root / "host" / "audit" / "_journal.py")),
+            *(str(work / "state.db"), str(work / "journal"), "h", "0.05", "1.0", "process"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PYTHONPATH": f"{root}:{site}"},
+        preexec_fn=as_user,
+    )
+    try:
+        assert writer.stdin is not None and writer.stdout is not None
+        writer.stdin.write(b"key " + b"ab" * 32 + b" 1 0 1 0\n")
+        writer.stdin.flush()
+        first = writer.stdout.readline()  # its first report: the key is in its memory now
+        assert first.startswith(b"done "), (first, writer.stderr.read() if writer.stderr else b"")
+        peek = subprocess.run(
+            [python, "-c", PEEK, str(writer.pid)],
+            capture_output=True,
+            env={},
+            preexec_fn=as_user,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        writer.kill()
+        writer.communicate()
+        shutil.rmtree(work, ignore_errors=True)
+    assert peek.stdout.decode().strip() == "refused", peek
