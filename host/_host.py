@@ -8,6 +8,7 @@ access where every call is awaitable, whatever the tool's body.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import uuid
@@ -293,6 +294,8 @@ class Host:
         """This host's id in the audit trail (each call id starts with it)."""
         self.store = store
         """The state database: audit trail, grants, pending approvals."""
+        if isinstance(store, SQLiteStore):
+            store.on_tamper = self._tampered
         self.policy = PolicySource(
             config,
             files=(lambda: project.policy_files) if watch_policy else None,
@@ -369,7 +372,10 @@ class Host:
         resolved = resolve_project(Path(project))
         discovery = discover(resolved.tools_dir)
         project_hooks = load_hook_files(resolved.tools_dir.parent / "hooks")
-        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+        rejected: list[str] = []
+        scope = await anyio.to_thread.run_sync(
+            functools.partial(load_or_build_scope, discovery, on_reject=rejected.append)
+        )
         config = (
             policy if policy is not None else load_policy(resolved.policy_files, root=resolved.root)
         )
@@ -406,6 +412,8 @@ class Host:
                 host.mediator.tracing = Tracing.open(
                     tracer_provider, redact=host.mediator.redact, content=trace_content
                 )
+                for reason in rejected:  # the scope cache: what it would not trust
+                    host.events.emit("cache_rejected", None, cache="scopes", reason=reason)
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
                 try:
@@ -425,8 +433,11 @@ class Host:
             closed = await self.store.start(self.host_id)
         except StoreUnavailable as exc:
             raise HostError(f"the host cannot start: {exc}") from None
-        if closed:
-            self.events.emit("audit_reconciled", None, closed_as_unknown=closed)
+        if closed:  # started: unknown; waiting for an approval: denied (host_stopped)
+            self.events.emit("audit_reconciled", None, closed=closed, closed_as_unknown=closed)
+
+    def _tampered(self, what: str, detail: str) -> None:
+        self.events.emit("audit_tampered", None, what=what, detail=detail)
 
     def _policy_changed(self, change: Policy | PolicyFileError) -> None:
         if isinstance(change, PolicyFileError):
@@ -548,7 +559,12 @@ class Host:
             DeclarationError: the new tool files cannot be declared; the old ones stay.
         """
         discovery = discover(self.project.tools_dir)
-        scope = await anyio.to_thread.run_sync(load_or_build_scope, discovery)
+        rejected: list[str] = []
+        scope = await anyio.to_thread.run_sync(
+            functools.partial(load_or_build_scope, discovery, on_reject=rejected.append)
+        )
+        for reason in rejected:
+            self.events.emit("cache_rejected", None, cache="scopes", reason=reason)
         if scope.key == self.scope.key and scope.tools == self.scope.tools:
             return False
         self.discovery = discovery

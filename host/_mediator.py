@@ -616,6 +616,11 @@ class Mediator:
                 raise PolicyDenied(tool, rule=decision.rule, reason=decision.reason)
             reservation = self.quotas.reserve(policy, tool, record.session)
             if decision.decision == "escalate":
+                # Waiting is on the record too: a host that dies now leaves a record the
+                # next host closes as denied, never a call without one.
+                written = self.store.record(record._replace(outcome="waiting"), durable=True)
+                if written is not DONE:
+                    await written
                 ticket = await self.escalations.resolve(
                     Escalation(
                         call_id=record.call_id,
@@ -626,6 +631,7 @@ class Mediator:
                         args_sha256=record.args_sha256 or "",
                         rule=decision.rule,
                         reason=decision.reason,
+                        rule_digest=decision.rule_digest,
                         policy_version=policy.version,
                         timeout=policy.escalation_timeout,
                         max_pending=self._config.limits.max_pending_approvals,

@@ -411,8 +411,12 @@ async def test_a_remembered_deny_beats_a_remembered_allow(desk: Callable[..., De
     d = desk()
     approver = Recorder()
     async with d.open(approver) as host:
-        await host.store.add_grant(Grant("launch", "app", True, None))  # the whole tool
-        await host.store.add_grant(Grant("launch", "app", False, _sha_of("x")))
+        asked = host.policy.current().decide("launch", {"target": "y"}, "app")
+        assert asked.rule == "ask" and asked.rule_digest is not None
+        await host.store.add_grant(  # the whole tool, under the rule that asks
+            Grant("launch", "app", True, None, rule="ask", rule_digest=asked.rule_digest)
+        )
+        await host.store.add_grant(Grant("launch", "app", False, _sha_of("x")))  # any rule
         with pytest.raises(NotApproved, match="remembered"):
             await host.call("launch", "x")
         assert await host.call("launch", "y") == "launched y"

@@ -117,10 +117,11 @@ def test_a_corrupt_cache_entry_is_a_miss(
     first = load_or_build_scope(discovery)
     cache = tmp_path / "cache" / "scopes"
     entry = cache / f"{scope_key(discovery)}.json"
-    assert json.loads(entry.read_text())["key"] == first.key
+    mac, _, body = entry.read_bytes().partition(b"\n")  # a MAC line, then the JSON
+    assert json.loads(body)["key"] == first.key and len(mac) == 64
     assert load(first.key, cache) == first
     wrong_key = json.dumps({**first.to_data(), "key": "x"}).encode()
-    for garbage in (b"", b"{not json", b'{"tools": 3}', b"[]", wrong_key):
+    for garbage in (b"", b"{not json", b'{"tools": 3}', b"[]", wrong_key, body):
         entry.write_bytes(garbage)
         assert load(first.key, cache) is None
     assert load_or_build_scope(discovery) == first  # rebuilt, and written again

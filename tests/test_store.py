@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,21 @@ def started(call_id: str, host_id: str = "h1", **fields: object) -> AuditRecord:
     }
     base.update(fields)
     return AuditRecord(**base)  # type: ignore[arg-type]
+
+
+def die(store: SQLiteStore) -> None:
+    """The host "dies" without closing anything: the kernel drops its lock, and no
+    process with its identity runs any more (here: it ran before the machine restarted)."""
+    store._lock.release()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
+    conn = sqlite3.connect(store.path)
+    try:
+        with conn:
+            conn.execute(
+                "UPDATE hosts SET identity = 'another-boot:0:1:1' WHERE host_id = ?",
+                (store.host_id,),
+            )
+    finally:
+        conn.close()
 
 
 @pytest.fixture
@@ -145,8 +161,7 @@ async def test_records_of_a_dead_host_are_closed_as_unknown(tmp_path: Path) -> N
     await dead.record(started("dead.1", "dead"), durable=True)
     await dead.record(started("dead.2", "dead", outcome="ok", ended=time.time()), durable=True)
     await dead.add_pending(pending("p1", "dead"))
-    # The host "dies": its lock goes away without its records being closed.
-    dead._lock.release()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
+    die(dead)  # without its records being closed
     live = SQLiteStore(path)
     assert await live.start("live") == 1  # the next host to start closes them
     await live.record(started("live.1", "live"), durable=True)
@@ -290,8 +305,7 @@ async def test_a_dead_hosts_journal_is_replayed(tmp_path: Path) -> None:
     writer._stopping = True  # pyright: ignore[reportPrivateUsage]
     writer._proc.kill()  # pyright: ignore[reportPrivateUsage]
     writer._proc.wait()  # pyright: ignore[reportPrivateUsage]
-    assert dead._lock is not None  # pyright: ignore[reportPrivateUsage]
-    dead._lock.release()  # pyright: ignore[reportPrivateUsage]
+    die(dead)
     following = SQLiteStore(tmp_path / "state.db")
     assert await following.start("next") == 1
     try:
@@ -323,23 +337,30 @@ async def test_lock_files_of_dead_hosts_are_removed(tmp_path: Path) -> None:
 def test_a_torn_or_corrupt_journal_is_read_up_to_the_damage(tmp_path: Path) -> None:
     from host.audit import _journal
 
-    journal = _journal.Journal(tmp_path, "h1")
+    key = os.urandom(32)
+    journal = _journal.Journal(tmp_path, "h1", key)
     rows = [[_journal.ROW, f"h1.{i}", *[None] * (len(_journal.COLUMNS) - 1)] for i in range(5)]
     for row in rows:
         journal.append(row)
     journal.append([_journal.END, "h1.0", "ok", 1.0, None, None])
     (segment,) = _journal.segments(tmp_path)["h1"]
     journal.close()
-    assert [e[1] for e in _journal.read_segment(segment)] == [f"h1.{i}" for i in range(5)] + [
-        "h1.0"
-    ]
+
+    def read() -> list[str]:
+        return [e[1] for e in _journal.read_segment(segment, key=key, host_id="h1")]
+
+    assert read() == [f"h1.{i}" for i in range(5)] + ["h1.0"]
+    assert list(_journal.read_segment(segment, key=os.urandom(32), host_id="h1")) == []
     data = bytearray(segment.read_bytes())
-    second = 8 + int.from_bytes(data[0:4], "little")  # where the second record starts
-    data[second + 12] ^= 0xFF  # a flipped bit in its body: its checksum fails
+    first = len(_journal.MAGIC)
+    second = first + 28 + int.from_bytes(data[first : first + 4], "little")
+    data[second + 30] ^= 0xFF  # a flipped bit in its body: its MAC fails
     segment.write_bytes(bytes(data))
-    assert [e[1] for e in _journal.read_segment(segment)] == ["h1.0"]
+    assert read() == ["h1.0"]
     data[second : second + 4] = b"\0\0\0\0"  # a record whose length never got written
     segment.write_bytes(bytes(data))
-    assert [e[1] for e in _journal.read_segment(segment)] == ["h1.0"]
-    segment.write_bytes(b"\xff\xff\xff\x7f" + bytes(100))  # a length past the end
-    assert list(_journal.read_segment(segment)) == []
+    assert read() == ["h1.0"]
+    segment.write_bytes(_journal.MAGIC + b"\xff\xff\xff\x7f" + bytes(100))  # past the end
+    assert read() == []
+    segment.write_bytes(b"not a journal segment at all" + bytes(100))
+    assert read() == []

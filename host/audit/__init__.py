@@ -5,9 +5,11 @@ dispatched) and the store behind it (SQLite in ``.agent/state.db``): the audit t
 remembered grants and pending approvals, and each session's own state (the key-value
 store of tool contexts, and the file area where the files tools return are kept).
 
-Imports the standard library, anyio and ``host.errors``; never ``capsules``, ``policy``
-or ``declare``. The journal's writer runs ``_journal.py`` by path in a process of its own, so
-that file imports nothing of the host at all. What other wings may use is listed below.
+Imports the standard library, anyio, ``host.errors`` and ``host.trust`` (the key that
+signs grants and journal records); never ``capsules``, ``policy`` or ``declare``. The
+journal's writer runs ``_journal.py`` by path in a process of its own, so that file
+imports nothing of the host at all (it gets the key on a pipe). What other wings may use
+is listed below.
 """
 
 from ._records import DONE as DONE

@@ -37,6 +37,7 @@ _COLUMNS: dict[str, str] = {
     "answer_by": "TEXT",
     "answer_channel": "TEXT",
     "answered": "REAL",
+    "answer_mac": "TEXT",
 }
 """Columns added to the ``pending`` table of the first schema (kept in place: rows of a
 running older host stay readable)."""
@@ -82,6 +83,7 @@ def _row(row: sqlite3.Row) -> PendingApproval:
             approver=row["answer_by"],
             channel=row["answer_channel"] or "inbox",
             answered=row["answered"] or 0.0,
+            mac=row["answer_mac"] if "answer_mac" in keys else None,
         )
     approvers = row["approvers"] if "approvers" in keys else None
     return PendingApproval(
@@ -141,13 +143,15 @@ def offer(conn: sqlite3.Connection, pending_id: str, margin: float) -> bool:
 
 
 def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> AnswerResult:
-    """Record ``given`` unless the request is gone, expired, not offered or answered."""
+    """Record ``given`` (and its ``mac``) unless the request is gone, expired, not offered
+    or answered."""
     now = given.answered or time.time()
     conn.execute("BEGIN IMMEDIATE")
     try:
         cursor = conn.execute(
             "UPDATE pending SET answer_allow = ?, answer_remember = ?, answer_scope = ?, "
-            "answer_comment = ?, answer_by = ?, answer_channel = ?, answered = ? "
+            "answer_comment = ?, answer_by = ?, answer_channel = ?, answered = ?, "
+            "answer_mac = ? "
             "WHERE id = ? AND answer_allow IS NULL AND offered = 1 AND expires > ?",
             (
                 int(given.allow),
@@ -157,6 +161,7 @@ def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> A
                 given.approver,
                 given.channel,
                 now,
+                given.mac,
                 pending_id,
                 now,
             ),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _journal
-from ._journal import ROW
+from ._journal import DECIDED, ROW
 from ._records import AuditRecord
 
 __all__ = ["columns", "read_audit", "tail_audit"]
@@ -29,18 +29,21 @@ def _audit(row: sqlite3.Row) -> AuditRecord:
     return AuditRecord(**columns(row))
 
 
-def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[AuditRecord]:
+def tail_audit(
+    conn: sqlite3.Connection, journals: Path, count: int, *, key: bytes | None = None
+) -> list[AuditRecord]:
     """The last ``count`` audit records, oldest first, from the database and the journals
-    (of running hosts, or of dead ones not yet replayed) under ``journals``."""
+    (of running hosts, or of dead ones not yet replayed) under ``journals``; journal
+    records are verified against ``key`` when given (up to the first that fails)."""
     count = max(count, 0)
     rows = conn.execute("SELECT * FROM audit ORDER BY seq DESC LIMIT ?", (count,)).fetchall()
     records = {r.call_id: r for r in (_audit(row) for row in reversed(rows))}
     fresh: dict[str, AuditRecord] = {}
     ends: dict[str, list[Any]] = {}
-    for paths in _journal.segments(journals).values():
+    for host, paths in _journal.segments(journals).items():
         for path in paths:
-            for entry in _journal.read_segment(path):
-                if entry[0] == ROW:
+            for entry in _journal.read_segment(path, key=key, host_id=host):
+                if entry[0] in (ROW, DECIDED):
                     fresh[entry[1]] = AuditRecord(*entry[1:])
                 else:
                     ends[entry[1]] = entry
@@ -49,10 +52,15 @@ def tail_audit(conn: sqlite3.Connection, journals: Path, count: int) -> list[Aud
         for at in range(0, len(ids), 500):
             chunk = ids[at : at + 500]
             marks = ", ".join("?" * len(chunk))
-            for (call_id,) in conn.execute(
-                f"SELECT call_id FROM audit WHERE call_id IN ({marks})", chunk
+            for call_id, outcome in conn.execute(
+                f"SELECT call_id, outcome FROM audit WHERE call_id IN ({marks})", chunk
             ):
-                fresh.pop(call_id, None)
+                record = fresh.pop(call_id)
+                if outcome == "waiting" and record.outcome != "waiting":
+                    if call_id in records:  # decided since: the journal's copy is newer
+                        records[call_id] = record._replace(seq=records[call_id].seq)
+                    else:
+                        fresh[call_id] = record
     merged = list(records.values()) + list(fresh.values())
     out: list[AuditRecord] = []
     for record in merged[max(0, len(merged) - count) :] if count else []:

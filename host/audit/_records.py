@@ -10,9 +10,13 @@ The audit contract (ARCHITECTURE.md, "The path of one call"):
 * a call's decision is written, durably, before the call is dispatched
   (:meth:`Store.record` with ``durable=True``), and its outcome after
   (:meth:`Store.finish`); a call refused before dispatch gets one terminal record;
+* a call that waits for an approval is recorded ``waiting`` first (:meth:`Store.record`),
+  and that record is replaced by its decision once there is one;
 * a record left ``started`` by a host that died is closed as ``unknown`` by the next
-  host that opens the store (:meth:`Store.start`). Each host holds a lock file under
-  ``.agent/hosts/`` while it runs, so a live host's open records are never closed;
+  host that opens the store (:meth:`Store.start`), one left ``waiting`` as ``denied``
+  (``host_stopped``): every call gets exactly one terminal record, whatever dies. Each
+  host holds a lock under ``.agent/hosts/`` while it runs and records its process's
+  identity, so a live host's open records are never closed (``_hostlock.py``);
 * any failure to write raises :class:`StoreUnavailable`; the mediator then refuses the
   call (fail closed). Nothing here ever sees raw argument values: records carry a hash,
   a size and a redacted, bounded summary made by the caller.
@@ -23,7 +27,7 @@ Nothing here knows a database or the journal: a backend's module imports this on
 from __future__ import annotations
 
 from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 __all__ = [
@@ -41,8 +45,9 @@ __all__ = [
     "Outcome",
 ]
 
-Outcome = Literal["started", "ok", "denied", "failed", "unknown"]
-"""``started`` until the call ends; then exactly one terminal outcome."""
+Outcome = Literal["waiting", "started", "ok", "denied", "failed", "unknown"]
+"""``waiting`` while an escalated call waits for its approval, ``started`` once it is
+decided and until it ends; then exactly one terminal outcome."""
 
 
 class _Done:
@@ -139,8 +144,14 @@ class Grant:
     """The exact arguments it covers; ``None``: every call of the tool."""
     created: float = 0.0
     rule: str | None = None
+    """The rule that escalated the call the answer was given for."""
     summary: str | None = None
     """A redacted summary of the arguments it was given for."""
+    rule_digest: str | None = None
+    """A digest of what that rule said (``Decision.rule_digest``): a remembered allow
+    answers only calls escalated by the same rules saying the same thing."""
+    reason: str | None = None
+    """The reason the person was shown when they answered."""
     id: int | None = None
     session: str | None = None
     """Set for a grant that lasts one session (kept in memory, never stored)."""
@@ -177,9 +188,14 @@ class PendingAnswer:
     """Where the answer was given (checked against the rule's ``approvers``)."""
     answered: float = 0.0
     """Unix time of the answer."""
+    mac: str | None = field(default=None, repr=False, compare=False)
+    """The store's signature of the answer (a store checks it as it reads the answer back:
+    one written into the database by anybody else answers nothing)."""
 
     def to_data(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["mac"]
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +264,10 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
     def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
-        """Add one audit record. The returned awaitable is done once it is durable
-        (with ``durable``: safe for the call to be dispatched); return :data:`DONE` when
-        it already is. A plain ``async def`` implementation is fine too."""
+        """Add one audit record, or decide one recorded ``waiting`` (same call id). The
+        returned awaitable is done once it is durable (with ``durable``: safe for the call
+        to be dispatched); return :data:`DONE` when it already is. A plain ``async def``
+        implementation is fine too."""
         ...
 
     def finish(

@@ -190,6 +190,8 @@ class CodeSandbox:
     async def _spawn(self) -> tuple[anyio.abc.Process, int, int]:
         if self.kind == "wasm":
             prepared = await _wasm_cache.prepare()
+            for reason in prepared.rejected:  # what was found wrong and built again
+                self._events.emit("cache_rejected", self._session, cache="wasm", reason=reason)
             spec = _wasm.GuestSpec(
                 cwasm=prepared.cwasm,
                 argv=_wasm.boot_argv(_GUEST_MAIN),

@@ -36,6 +36,7 @@ __all__ = [
     "WasmUnavailable",
     "default_runtime",
     "private_file",
+    "cwasm_digest",
     "new_engine",
     "spawn_guest",
     "load",
@@ -208,21 +209,85 @@ def new_engine() -> Any:
     return wasmtime.Engine(config)
 
 
+def cwasm_digest(path: Path) -> str | None:
+    """The SHA-256 a compiled module's name promises (``NAME-SETTINGS-SHA256.cwasm``)."""
+    stem = path.name.removesuffix(".cwasm")
+    digest = stem.rpartition("-")[2]
+    if path.suffix != ".cwasm" or len(digest) != 64:
+        return None
+    try:
+        int(digest, 16)
+    except ValueError:
+        return None
+    return digest
+
+
 def load(cwasm: str) -> tuple[Any, Any, Any]:
     """(engine, module, linker) for a compiled module of this user's cache.
 
+    ``Module.deserialize_file`` trusts its input (machine code, run as is), so the file is
+    read whole through one descriptor, never following a link, and its bytes are loaded
+    only if their SHA-256 is the one its name promises (the host names a module by its
+    digest, and hands out only names its MAC'd cache records vouch for): a module changed
+    on disk, even after the host checked it, is never loaded. The checked bytes go into a
+    sealed memfd that wasmtime maps (as it mapped the file: no copy per instance, and no
+    write when a guest instantiates under a file size limit).
+
     The linker has WASI defined and can instantiate the module in any number of stores.
     """
+    import hashlib
+
     import wasmtime
 
-    if not private_file(Path(cwasm)):
-        # deserialize_file trusts its input: only a file this user's cache made is loaded.
+    path = Path(cwasm)
+    expected = cwasm_digest(path)
+    if expected is None or not private_file(path):
         raise WasmUnavailable(f"{cwasm} is not a private cache file; refusing to load it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WasmUnavailable(f"{cwasm} cannot be read: {exc}") from exc
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise WasmUnavailable(f"{cwasm} is not what was compiled (its digest differs); refusing it")
     engine = new_engine()
-    module = wasmtime.Module.deserialize_file(engine, cwasm)
+    sealed = _sealed(data)
+    if sealed is None:
+        module = wasmtime.Module.deserialize(engine, data)
+    else:
+        try:
+            module = wasmtime.Module.deserialize_file(engine, f"/proc/self/fd/{sealed}")
+        finally:
+            os.close(sealed)
+    del data
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
     return engine, module, linker
+
+
+def _sealed(data: bytes) -> int | None:
+    """A memfd holding ``data`` that nobody can change any more; None where there is none."""
+    import fcntl
+
+    create = getattr(os, "memfd_create", None)
+    seal = getattr(fcntl, "F_ADD_SEALS", None)
+    if create is None or seal is None or not Path("/proc/self/fd").is_dir():
+        return None
+    fd: int = create("toolhost-cwasm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(
+            fd,
+            seal,
+            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def run_guest(spec: GuestSpec, loaded: tuple[Any, Any, Any] | None = None) -> int:

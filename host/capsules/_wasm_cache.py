@@ -2,27 +2,42 @@
 settings, and the guest library (``capsule`` and pure-Python ``msgpack``, compiled to
 ``.pyc`` by a guest, with the standard library modules a guest imports while starting).
 
-Both live under :func:`cache_root`, in a folder only this user can use, under content
-keys: another runtime, wasmtime, engine setting or library file makes a new entry.
-:func:`prepare` builds what is missing in a child process (``_wasm_child.py prepare``
-runs :func:`prepare_blocking`), once per host process and cache, and returns the
-:class:`Prepared` paths the rest of the host uses.
+A cache is an input, never the truth: whoever can write it could run their own machine
+code in a sandbox's process (``Module.deserialize`` runs what it is given) or change what
+the guest's library does. So every entry is vouched for by a record beside it, a keyed
+MAC (``host.trust``: the key lives outside the cache) over the entry's SHA-256 digests;
+a compiled module is named by its digest, and the child that loads it checks the bytes
+it reads against the name (``_wasm.load``). Every use (each guest started) checks the
+folders on the way (owned by this user, written by nobody else), the records, and the
+entries against them (hashed again whenever a file's status changed). Whatever fails is
+moved aside and built again, and said (:attr:`Prepared.rejected`: the caller emits a
+``cache_rejected`` event); a cache folder that cannot be trusted at all gives way to a
+private folder for this process. ``docs/security/trust.md`` says what this assumes.
 
-The child loads this file by path, next to ``_wasm.py``: its top level imports the
-standard library and ``_wasm`` only.
+Layout under :func:`cache_root`, in ``wasm/``: ``NAME-SETTINGS-SHA256.cwasm`` with its
+record ``NAME-SETTINGS.json``; ``lib-KEY/`` with its record ``lib-KEY.json``. Content
+keys: another runtime, wasmtime, engine setting or library file makes a new entry.
+
+:func:`prepare` checks, builds what is missing in a child process (``_wasm_child.py
+prepare`` runs :func:`build`), records it, and returns the :class:`Prepared` paths the
+rest of the host uses; :func:`prepare_blocking` does the same in this process. The child
+loads this file by path, next to ``_wasm.py``: its top level imports the standard
+library and ``_wasm`` only (what the host alone runs imports ``host.trust`` inside).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from ._wasm import (
     CHILD,
@@ -36,13 +51,16 @@ from ._wasm import (
     WasmUnavailable,
     child_command,
     child_env,
+    cwasm_digest,
     default_runtime,
     guest_argv,
     new_engine,
-    private_file,
 )
 
-__all__ = ["Prepared", "cache_root", "prepare", "prepare_blocking"]
+if TYPE_CHECKING:
+    from host.trust import HostKey
+
+__all__ = ["Prepared", "build", "cache_root", "prepare", "prepare_blocking"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +71,8 @@ class Prepared:
     python: str
     cwasm: str
     lib: str
+    rejected: tuple[str, ...] = field(default=(), compare=False)
+    """What was wrong in the cache and was built again for this use (one sentence each)."""
 
 
 def cache_root() -> Path:
@@ -64,19 +84,6 @@ def cache_root() -> Path:
     return root()
 
 
-def _private_dir(path: Path) -> Path:
-    """``path`` as a folder only this user can use; refuses one that anybody else could."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise WasmUnavailable(f"{path} is not a folder (a link?); refusing it as the cache")
-    if info.st_uid != os.getuid():
-        raise WasmUnavailable(f"{path} belongs to another user; refusing it as the cache")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
 def _wasmtime_version() -> str:
     from importlib.metadata import version
 
@@ -84,8 +91,6 @@ def _wasmtime_version() -> str:
 
 
 def _settings_key(runtime: Runtime) -> str:
-    import hashlib
-
     text = json.dumps(
         [runtime.sha256, _wasmtime_version(), dict(ENGINE_SETTINGS), sys.platform],
         sort_keys=True,
@@ -107,7 +112,7 @@ def _lib_sources() -> list[tuple[str, Path]]:
     return files
 
 
-_LIB_LAYOUT = b"lib 2: stdlib copy"
+_LIB_LAYOUT = b"lib 3: stdlib copy, verified"
 """Changes when the library's layout does (a new key: the cache is rebuilt)."""
 
 _BUILD_LIB = f"""
@@ -151,8 +156,6 @@ directory alone takes ~18 ms to read at every start), then compiles the library.
 
 
 def _lib_key(key: str, files: Sequence[tuple[str, Path]]) -> str:
-    import hashlib
-
     digest = hashlib.sha256(key.encode() + _LIB_LAYOUT)
     for name, path in files:
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -163,8 +166,11 @@ def _guest_env() -> dict[str, str]:
     return {"MSGPACK_PUREPYTHON": "1", "PYTHONHASHSEED": "random"}
 
 
-def _compile(runtime: Runtime, target: Path) -> None:
-    import hashlib
+# -- building (in the child, or in this process) -------------------------------------------
+
+
+def _compile(runtime: Runtime, base: Path, stem: str) -> tuple[str, str, int]:
+    """Compile the runtime into ``base``; (file, SHA-256, size) of what was written."""
     import tempfile
 
     import wasmtime
@@ -172,20 +178,53 @@ def _compile(runtime: Runtime, target: Path) -> None:
     data = runtime.wasm.read_bytes()
     if hashlib.sha256(data).hexdigest() != runtime.sha256:
         raise WasmUnavailable(f"{runtime.wasm} does not have its pinned SHA-256; not compiling it")
-    module = wasmtime.Module(new_engine(), data)
-    fd, tmp = tempfile.mkstemp(prefix=".cwasm-", dir=target.parent)  # created 0600
+    compiled = wasmtime.Module(new_engine(), data).serialize()
+    digest = hashlib.sha256(compiled).hexdigest()
+    target = base / f"{stem}-{digest}.cwasm"
+    fd, tmp = tempfile.mkstemp(prefix=".cwasm-", dir=base)  # created 0600
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(module.serialize())
+            f.write(compiled)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    return target.name, digest, len(compiled)
 
 
-def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> None:
-    """Copy the guest library and let the guest itself compile it to ``.pyc``."""
+def _walk(folder: Path, relative: str = "") -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """Every entry under ``folder`` (relative name, entry), links never followed."""
+    with os.scandir(folder) as entries:
+        listed = sorted(entries, key=lambda e: e.name)
+    for entry in listed:
+        name = f"{relative}{entry.name}"
+        yield name, entry
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), name + "/")
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, str]:
+    """The digest of every file under ``folder``, by relative name."""
+    return {
+        name: _hash_file(Path(entry.path))
+        for name, entry in _walk(folder)
+        if entry.is_file(follow_symlinks=False)
+    }
+
+
+def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> dict[str, str]:
+    """Copy the guest library and let the guest itself compile it to ``.pyc``; returns the
+    digests of what is in ``target`` then (hashed before it gets its name)."""
     import shutil
     import subprocess
     import tempfile
@@ -215,77 +254,355 @@ def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> 
                 "the guest could not compile its library: "
                 + done.stderr.decode("utf-8", "replace")[-2000:]
             )
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # another process won the race: theirs is the same
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        manifest = _manifest(tmp)
+        os.rename(tmp, target)  # the folder was moved aside first: nothing is in the way
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return manifest
+
+
+def build(
+    base: Path, *, cwasm: str | None, lib: str | None, runtime: Runtime | None = None
+) -> dict[str, Any]:
+    """Build what is missing in ``base`` (a checked private folder): the compiled runtime
+    (``cwasm`` is None), the library ``lib`` (a folder name) with the module ``cwasm``.
+
+    Returns what was built and the digests of the bytes written (never read back from
+    the disk): ``{"cwasm": NAME, "sha256": .., "size": .., "lib": NAME, "files": {..}}``.
+    """
+    runtime = runtime or default_runtime()
+    out: dict[str, Any] = {}
+    if cwasm is None:
+        name, digest, size = _compile(runtime, base, f"{runtime.name}-{_settings_key(runtime)}")
+        out.update(cwasm=name, sha256=digest, size=size)
+        cwasm = name
+    if lib is not None:
+        out.update(lib=lib, files=_build_lib(base / cwasm, base / lib, _lib_sources()))
+    return out
+
+
+# -- checking and recording (the host) -----------------------------------------------------
+
+_RACY: Final = 2.0
+"""Seconds within which a file's status cannot show a later change: hash it again."""
+
+_seen: dict[str, tuple[tuple[int, ...], str]] = {}
+"""path -> (status when hashed, digest): a file whose status is unchanged since is not
+hashed again (a change to its contents changes its ctime, which nobody can set)."""
+
+
+def _status(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _digest_of(path: Path, info: os.stat_result) -> str:
+    status = _status(info)
+    seen = _seen.get(str(path))
+    if seen is not None and seen[0] == status and time.time() - info.st_ctime > _RACY:
+        return seen[1]
+    digest = _hash_file(path)
+    _seen[str(path)] = (status, digest)
+    return digest
+
+
+def _entry_problem(path: Path, root: Path, *, folder: bool = False) -> str | None:
+    from host.trust import path_problem
+
+    problem = path_problem(path, private_from=root)
+    if problem is None:
+        info = os.lstat(path)
+        if folder != stat.S_ISDIR(info.st_mode):
+            return f"{path} is not a {'folder' if folder else 'file'}"
+    return problem
+
+
+def _read_record(path: Path, root: Path) -> dict[str, Any] | None:
+    if not os.path.lexists(path):
+        return None
+    problem = _entry_problem(path, root)
+    if problem is not None:
+        raise _Bad(problem)
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise _Bad(f"{path} cannot be read: {exc}") from None
+    if not isinstance(data, dict):
+        raise _Bad(f"{path} is not a cache record")
+    return data  # pyright: ignore[reportUnknownVariableType]
+
+
+def _write_record(path: Path, data: Mapping[str, Any]) -> None:
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".record-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(dict(data), f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class _Bad(Exception):
+    """An entry that cannot be trusted; the message says why."""
+
+
+def _cwasm_mac(key: HostKey, stem: str, name: str, digest: str, size: int) -> str:
+    return key.mac("wasm-cwasm", stem, name, digest, size)
+
+
+def _lib_mac(key: HostKey, name: str, files: Mapping[str, str]) -> str:
+    return key.mac("wasm-lib", name, json.dumps(dict(files), sort_keys=True))
+
+
+def _check_cwasm(base: Path, root: Path, stem: str, key: HostKey) -> str:
+    """The verified compiled module's name. Raises :class:`_Bad`, or FileNotFoundError
+    when there is none."""
+    record = _read_record(base / f"{stem}.json", root)
+    if record is None:
+        unrecorded = sorted(p.name for p in base.glob(f"{stem}-*.cwasm"))
+        if unrecorded:  # a module nothing vouches for: never loaded, compiled again
+            raise _Bad(f"{base / unrecorded[0]} has no record")
+        raise FileNotFoundError(stem)
+    name, digest, size = record.get("file"), record.get("sha256"), record.get("size")
+    if not (isinstance(name, str) and isinstance(digest, str) and isinstance(size, int)):
+        raise _Bad(f"the record of {stem} is malformed")
+    if not key.verify(record.get("mac"), "wasm-cwasm", stem, name, digest, size):
+        raise _Bad(f"the record of {stem} is not signed by this host's key")
+    path = base / name
+    if cwasm_digest(path) != digest or "/" in name:
+        raise _Bad(f"the record of {stem} names {name!r}, not its own module")
+    problem = _entry_problem(path, root)
+    if problem is not None:
+        raise _Bad(problem)
+    info = os.lstat(path)
+    if info.st_size != size or _digest_of(path, info) != digest:
+        raise _Bad(f"{path} is not the module that was compiled (rewritten or truncated)")
+    return name
+
+
+def _check_lib(base: Path, root: Path, name: str, key: HostKey) -> None:
+    """Check the guest library ``name``: every file, and nothing more, as recorded."""
+    record = _read_record(base / f"{name}.json", root)
+    folder = base / name
+    if record is None:
+        if os.path.lexists(folder):
+            raise _Bad(f"{folder} has no record")
+        raise FileNotFoundError(name)
+    listed = record.get("files")
+    if not isinstance(listed, dict) or not key.verify(
+        record.get("mac"), "wasm-lib", name, json.dumps(listed, sort_keys=True)
+    ):
+        raise _Bad(f"the record of {name} is not signed by this host's key")
+    files = cast("dict[str, object]", listed)
+    problem = _entry_problem(folder, root, folder=True)
+    if problem is not None:
+        raise _Bad(problem)
+    seen: set[str] = set()
+    uid = os.geteuid()
+    for relative, entry in _walk(folder):
+        info = entry.stat(follow_symlinks=False)
+        where = f"{folder}/{relative}"
+        if stat.S_ISLNK(info.st_mode) or not (
+            stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)
+        ):
+            raise _Bad(f"{where} is not a plain file or folder")
+        if info.st_uid != uid or info.st_mode & 0o022:
+            raise _Bad(f"{where} may be written by others, or belongs to another user")
+        if stat.S_ISREG(info.st_mode):
+            if files.get(relative) != _digest_of(Path(entry.path), info):
+                raise _Bad(f"{where} is not what was built (changed or added)")
+            seen.add(relative)
+    missing = set(files) - seen
+    if missing:
+        raise _Bad(f"{folder} lacks {len(missing)} of its files ({sorted(missing)[0]}, ...)")
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one use found: the folder, what is good, what must be built, what was wrong."""
+
+    runtime: Runtime
+    root: Path
+    base: Path
+    stem: str
+    lib: str
+    cwasm: str | None = None
+    lib_ok: bool = False
+    rejected: list[str] = field(default_factory=list[str])
+    lock: int = -1
+
+
+def _fallback_base(reason: str, rejected: list[str]) -> tuple[Path, Path]:
+    """A private folder for this process alone, when the cache folder cannot be trusted."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from host.trust import path_problem
+
+    for made in _fallback:
+        if path_problem(made, private_from=made) is None:
+            return made, made
+    made = Path(tempfile.mkdtemp(prefix="toolhost-wasm-"))
+    problem = path_problem(made, private_from=made)
+    if problem is not None:
+        raise WasmUnavailable(f"no private folder for the Wasm runtime: {reason}; {problem}")
+    _fallback.append(made)
+    atexit.register(shutil.rmtree, made, True)
+    rejected.append(f"{reason}: the runtime is compiled for this process alone, in {made}")
+    return made, made
+
+
+_fallback: list[Path] = []
+
+
+def _plan(runtime: Runtime, root: Path) -> _Plan:
+    """Check the cache for one use (blocking); hold its lock until :func:`_finish`."""
+    import fcntl
+
+    from host.trust import host_key, private_folder
+
+    key = host_key()
+    rejected: list[str] = []
+    if key.problem is not None:
+        rejected.append(f"the host's key is for this process only ({key.problem})")
+    folder = private_folder(root / "wasm", private_from=root)
+    rejected.extend(folder.notices)
+    base = folder.path
+    if folder.problem is not None:
+        root, base = _fallback_base(
+            f"the cache folder cannot be trusted ({folder.problem})", rejected
+        )
+    settings = _settings_key(runtime)
+    lib = f"lib-{_lib_key(settings, _lib_sources())}"
+    plan = _Plan(runtime, root, base, f"{runtime.name}-{settings}", lib)
+    plan.rejected = rejected
+    plan.lock = os.open(
+        base / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    fcntl.flock(plan.lock, fcntl.LOCK_EX)  # one builder at a time, across processes
+    try:
+        plan.cwasm = _check_cwasm(base, root, plan.stem, key)
+    except FileNotFoundError:
+        pass
+    except _Bad as exc:
+        rejected.append(f"{exc}: compiled again")
+        _drop(base / f"{plan.stem}.json")
+    try:
+        _check_lib(base, root, plan.lib, key)
+        plan.lib_ok = True
+    except FileNotFoundError:
+        pass
+    except _Bad as exc:
+        rejected.append(f"{exc}: built again")
+        _drop(base / f"{plan.lib}.json", base / plan.lib)
+    return plan
+
+
+def _drop(*paths: Path) -> None:
+    from host.trust import quarantine
+
+    for path in paths:
+        quarantine(path)
+        _seen.pop(str(path), None)
+
+
+def _finish(plan: _Plan, built: Mapping[str, Any]) -> Prepared:
+    """Record what was built, release the lock, and say where everything is."""
+    from host.trust import host_key
+
+    key = host_key()
+    try:
+        if "cwasm" in built:
+            name, digest, size = str(built["cwasm"]), str(built["sha256"]), int(built["size"])
+            record = {
+                "file": name,
+                "sha256": digest,
+                "size": size,
+                "mac": _cwasm_mac(key, plan.stem, name, digest, size),
+            }
+            _write_record(plan.base / f"{plan.stem}.json", record)
+            plan.cwasm = name
+            for old in plan.base.glob(f"{plan.stem}-*.cwasm"):  # modules no record names
+                if old.name != name:
+                    _drop(old)
+        if "files" in built:
+            files = {str(k): str(v) for k, v in dict(built["files"]).items()}
+            _write_record(
+                plan.base / f"{plan.lib}.json",
+                {"files": files, "mac": _lib_mac(key, plan.lib, files)},
+            )
+    finally:
+        os.close(plan.lock)
+    assert plan.cwasm is not None
+    runtime = plan.runtime
+    return Prepared(
+        runtime.name,
+        runtime.python,
+        str(plan.base / plan.cwasm),
+        str(plan.base / plan.lib),
+        tuple(plan.rejected),
+    )
+
+
+def _wanted(plan: _Plan) -> tuple[str | None, str | None]:
+    return plan.cwasm, None if plan.lib_ok else plan.lib
 
 
 def prepare_blocking(runtime: Runtime | None = None, root: Path | None = None) -> Prepared:
-    """Compile the runtime and build the guest library in the cache, unless already there.
+    """Check the cache, build what is missing or bad (in this process), and record it.
 
     Blocking and slow the first time (seconds): call it from a child process or a thread.
     """
     runtime = runtime or default_runtime()
-    base = _private_dir((root or cache_root()) / "wasm")
-    key = _settings_key(runtime)
-    cwasm = base / f"{runtime.name}-{key}.cwasm"
-    if not private_file(cwasm):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(cwasm)  # a file we did not make, or a link: never load it
-        _compile(runtime, cwasm)
-    files = _lib_sources()
-    lib = base / f"lib-{_lib_key(key, files)}"
-    if not lib.is_dir() or lib.is_symlink():
-        _build_lib(cwasm, lib, files)
-    return Prepared(runtime.name, runtime.python, str(cwasm), str(lib))
+    plan = _plan(runtime, root or cache_root())
+    built: dict[str, Any] = {}
+    try:
+        cwasm, lib = _wanted(plan)
+        if cwasm is None or lib is not None:
+            built = build(plan.base, cwasm=cwasm, lib=lib, runtime=runtime)
+    except BaseException:
+        os.close(plan.lock)
+        raise
+    return _finish(plan, built)
 
 
-# -- from the host: once per process and cache ---------------------------------------------
-
-_prepared: dict[tuple[str, str], Prepared] = {}
+# -- from the host: at every use -----------------------------------------------------------
 
 
 async def prepare(runtime: Runtime | None = None) -> Prepared:
-    """:func:`prepare_blocking` in a child process, once per host process and cache."""
+    """The cache checked for this use, and what is missing or bad built in a child process.
+
+    Every call checks (a few milliseconds, off the event loop): each guest started uses
+    the cache as it is now, never as it was when the host started.
+    """
     import anyio
 
     runtime = runtime or default_runtime()
-    memo = (runtime.sha256, str(cache_root()))
-    found = _prepared.get(memo)
-    if found is not None:
-        return found
-    async with _prepare_lock():
-        found = _prepared.get(memo)
-        if found is not None:
-            return found
-        done = await anyio.run_process(
-            [sys.executable, "-I", str(CHILD), "prepare", str(cache_root())],
-            cwd=str(HOST_ROOT),
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
-            check=False,
-        )
-        if done.returncode != 0:
-            raise WasmUnavailable(
-                "preparing the Wasm runtime failed: "
-                + done.stderr.decode("utf-8", "replace")[-2000:]
+    plan = await anyio.to_thread.run_sync(_plan, runtime, cache_root())
+    built: dict[str, Any] = {}
+    try:
+        cwasm, lib = _wanted(plan)
+        if cwasm is None or lib is not None:
+            command = [sys.executable, "-I", str(CHILD), "prepare", str(plan.base)]
+            command += [cwasm or "-", lib or "-"]
+            done = await anyio.run_process(
+                command,
+                cwd=str(HOST_ROOT),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
+                check=False,
             )
-        found = Prepared(**json.loads(done.stdout))
-        _prepared[memo] = found
-        return found
-
-
-_lock: list[Any] = []
-
-
-def _prepare_lock() -> Any:
-    import anyio
-
-    if not _lock:
-        _lock.append(anyio.Lock())
-    return _lock[0]
+            if done.returncode != 0:
+                raise WasmUnavailable(
+                    "preparing the Wasm runtime failed: "
+                    + done.stderr.decode("utf-8", "replace")[-2000:]
+                )
+            built = json.loads(done.stdout)
+    except BaseException:
+        os.close(plan.lock)
+        raise
+    return await anyio.to_thread.run_sync(_finish, plan, built)

@@ -108,6 +108,8 @@ async def start_wasm_capsule(
         prepared = await _wasm_cache.prepare()
     except _wasm.WasmUnavailable as exc:
         raise LoadFailed(f"the Wasm runtime is unavailable: {exc}", LoadReport()) from exc
+    for reason in prepared.rejected:  # what was found wrong in the cache and built again
+        events.emit("cache_rejected", request.session, cache="wasm", reason=reason)
     env = {**request.env, "MSGPACK_PUREPYTHON": "1"}
     preopens = [
         _wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False),

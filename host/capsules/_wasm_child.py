@@ -26,8 +26,10 @@ descriptor but its three pipes and the compiled module that wasmtime has mapped,
 with the server (``PR_SET_PDEATHSIG``, and the lifeline), and the server dies with the
 host (it polls its parent, and exits when the host closes the socket).
 
-``prepare ROOT`` compiles the runtime into the private cache under ROOT and prints the
-:class:`Prepared` paths as JSON (run once per cache, by the host, off its event loop).
+``prepare FOLDER CWASM|- LIB|-`` builds what the host found missing in the private cache
+folder it checked (the compiled runtime when CWASM is ``-``, the guest library LIB) and
+prints what it built and the digests of the bytes it wrote, as JSON; the host records
+them (``_wasm_cache.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -120,6 +121,12 @@ def _run(wasm: ModuleType, spec: Any, parent: int, loaded: Any = None) -> int:
     """Run the guest on a thread with a large stack; the lifeline watches ``parent``."""
     # The parent's pid comes from the parent: one read here could already see a reaper's.
     threading.Thread(target=_lifeline, args=(parent,), daemon=True).start()
+    if loaded is None:  # before the file size limit: the module's bytes go into a memfd
+        try:
+            loaded = wasm.load(spec.cwasm)
+        except BaseException as exc:  # reported on stderr; the host reads the tail
+            print(f"toolhost-wasm: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     _limit_writes(wasm, spec)
     status: list[int] = []
 
@@ -159,9 +166,10 @@ def main(argv: list[str]) -> int:
         _undumpable()  # first: before anything is read from the environment
     wasm = _load("_wasm")
     spec = os.environ.pop(wasm.SPEC_VAR, None)  # never left for the guest's own start
-    if argv[:1] == ["prepare"] and len(argv) == 2:
-        prepared = _load("_wasm_cache").prepare_blocking(root=Path(argv[1]))
-        print(json.dumps(asdict(prepared)))
+    if argv[:1] == ["prepare"] and len(argv) == 4:
+        cwasm, lib = (None if name == "-" else name for name in argv[2:4])
+        built = _load("_wasm_cache").build(Path(argv[1]), cwasm=cwasm, lib=lib)
+        print(json.dumps(built))
         return 0
     if argv[:1] == ["zygote"] and len(argv) == 4:
         sys.path.append(argv[2])
@@ -169,7 +177,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["run"] or len(argv) not in (2, 3) or spec is None:
         print(
             "usage: TOOLHOST_GUEST_SPEC=SPEC _wasm_child.py run PARENT_PID [WASMTIME_ROOT]"
-            " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare ROOT",
+            " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare FOLDER CWASM|- LIB|-",
             file=sys.stderr,
         )
         return 2
@@ -222,8 +230,9 @@ class _Zygote:
         self._libc = ctypes.CDLL(None, use_errno=True)
         before = _open_fds()
         self.loaded = wasm.load(cwasm)
-        # What wasmtime keeps open for the module it mapped (the .cwasm file): the
-        # children need it, and it holds nothing the guest can reach.
+        # What wasmtime keeps open for the module it mapped (a sealed memfd holding the
+        # verified bytes): the children need it, and it holds nothing the guest can
+        # reach.
         self._keep = _open_fds() - before
         self._children: dict[int, int] = {}  # pid -> status pipe
         self._ended: set[int] = set()

@@ -6,8 +6,15 @@ the cache key is a SHA-256 over exactly those. Entries are content-addressed JSO
 ``scopes/`` of toolhost's one cache folder (:func:`cache_root`: ``$TOOLHOST_CACHE``, else
 ``$XDG_CACHE_HOME/toolhost``, else ``~/.cache/toolhost``), so projects with the same
 tools share them and nothing is written into the project. Writes are atomic (a temporary
-file renamed into place); an unreadable or malformed entry is a miss; a failed build
-raises and writes nothing.
+file renamed into place); a failed build raises and writes nothing.
+
+An entry is an input, never the truth: a rewritten one loosened argument validation and
+changed the docstring the model sees. So each entry starts with a keyed MAC (the host's
+key, ``host.trust``, kept outside the cache) over its cache key and its bytes, and every
+use checks the folders on the way (owned by this user, written by nobody else) and the
+MAC before the entry is parsed. An entry that fails is a miss: moved aside, built again
+(one pyright run) and reported (``on_reject``: the host emits ``cache_rejected``); a
+folder that cannot be trusted is moved aside, or, above the cache, not written to.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
+
+from host.trust import host_key, path_problem, private_folder, quarantine
 
 from . import _pyright
 from ._build import Runner, build_scope
@@ -43,7 +52,8 @@ _warned: set[str] = set()
 MAX_ENTRIES: Final = 256
 """Entries kept; the least recently written go first."""
 
-_FORMAT: Final = b"toolhost-scope-1"
+_FORMAT: Final = b"toolhost-scope-2"
+"""In the key: changed with the layout of an entry (2: a MAC line before the JSON)."""
 _CODE: Final = (
     "_build.py",
     "_pyright.py",
@@ -110,31 +120,75 @@ def scope_key(discovery: Discovery) -> str:
     return digest.hexdigest()
 
 
-def load(key: str, directory: Path | None = None) -> Scope | None:
-    """The cached scope for ``key``, or None (missing, unreadable or malformed)."""
-    path = (directory or cache_dir()) / f"{key}.json"
-    try:
-        data = json.loads(path.read_bytes())
-        scope = Scope.from_data(data)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+Reject = Callable[[str], None]
+"""Told, in one sentence, about each entry or folder the cache would not trust."""
+
+
+def _places(directory: Path | None) -> tuple[Path, Path]:
+    """(the scopes folder, where its private part starts: the cache folder when it is the
+    default ``scopes/`` of it, else the folder itself)."""
+    folder = directory or cache_dir()
+    if directory is None and folder == cache_root() / "scopes":
+        return folder, cache_root()
+    return folder, folder
+
+
+def _mac(key: str, body: bytes) -> str:
+    return host_key().mac("scope", key, body)
+
+
+def load(
+    key: str, directory: Path | None = None, *, on_reject: Reject | None = None
+) -> Scope | None:
+    """The cached scope for ``key``, or None: missing, or not to be trusted (then moved
+    aside, and ``on_reject`` told why)."""
+    folder, private = _places(directory)
+    path = folder / f"{key}.json"
+    if not os.path.lexists(path):
         return None
-    return scope if scope.key == key else None
-
-
-def store(scope: Scope, directory: Path | None = None) -> None:
-    """Write ``scope`` under its key, atomically. Failing to write is not an error."""
-    directory = directory or cache_dir()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".scope-", suffix=".tmp", dir=directory)
+        problem = path_problem(path, private_from=private)
+        if problem is not None:
+            raise ValueError(problem)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+        mac, _, body = raw.partition(b"\n")
+        if not host_key().verify(mac.decode("ascii", "replace"), "scope", key, body):
+            raise ValueError(f"{path} is not signed by this host's key (rewritten?)")
+        scope = Scope.from_data(json.loads(body))
+        if scope.key != key:
+            raise ValueError(f"{path} holds the scope of another key")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        if on_reject is not None:
+            on_reject(f"the scope cache entry {path} cannot be trusted: {exc}; built again")
+        quarantine(path)
+        return None
+    return scope
+
+
+def store(scope: Scope, directory: Path | None = None, *, on_reject: Reject | None = None) -> None:
+    """Write ``scope`` under its key, atomically. Failing to write is not an error."""
+    folder, private = _places(directory)
+    checked = private_folder(folder, private_from=private)
+    for notice in checked.notices:
+        if on_reject is not None:
+            on_reject(f"the scope cache: {notice}")
+    if checked.problem is not None:
+        if on_reject is not None:
+            on_reject(f"the scope cache is not written: {checked.problem}")
+        return
+    body = json.dumps(scope.to_data(), separators=(",", ":")).encode()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".scope-", suffix=".tmp", dir=folder)
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(json.dumps(scope.to_data(), separators=(",", ":")).encode())
-            os.replace(tmp, directory / f"{scope.key}.json")
+                out.write(_mac(scope.key, body).encode() + b"\n" + body)
+            os.replace(tmp, folder / f"{scope.key}.json")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _prune(directory)
+        _prune(folder)
     except OSError:
         return  # a read-only home or a full disk costs a pyright run next time, nothing more
 
@@ -151,18 +205,20 @@ def load_or_build_scope(
     runner: Runner | None = None,
     directory: Path | None = None,
     on_build: Callable[[], None] | None = None,
+    on_reject: Reject | None = None,
 ) -> Scope:
     """The scope of ``discovery``: from the cache, else built (one pyright run) and kept.
 
     Blocking (file reads, maybe a pyright run): call it from a worker thread.
-    Raises :class:`DeclarationError`; a failure is never cached.
+    Raises :class:`DeclarationError`; a failure is never cached. ``on_reject`` hears of
+    every cache entry or folder that was not trusted (the host emits ``cache_rejected``).
     """
     key = scope_key(discovery)
-    cached = load(key, directory)
+    cached = load(key, directory, on_reject=on_reject)
     if cached is not None:
         return cached
     if on_build is not None:
         on_build()
     scope = build_scope(discovery, key=key, runner=runner)
-    store(scope, directory)
+    store(scope, directory, on_reject=on_reject)
     return scope

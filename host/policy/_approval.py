@@ -18,9 +18,13 @@ What keeps an approval honest:
 * remembered answers (``session``: in memory; ``always``: a :class:`Grant` in the store)
   cover the exact tool, caller and arguments, or the whole tool when the approver widens
   the scope; a remembered deny beats a remembered allow;
+* a remembered allow answers the rule that asked: it records the rule's name, a digest of
+  what the rule said (``Decision.rule_digest``) and the reason shown, and a call
+  escalated by another rule, or by the same rule changed, asks again (a remembered deny
+  counts whatever the rule);
 * each session has at most ``max_pending_approvals`` requests open; an identical
-  request (same session, caller, tool and arguments) joins the open one instead of
-  asking again;
+  request (same session, caller, tool, arguments and escalating rule) joins the open one
+  instead of asking again;
 * a rule may name the channels whose answer counts (``approvers = ["inbox"]``): an
   allow from any other channel (an MCP client's own user, say, which an agent driving
   that client could fake) denies, and remembered allows do not answer such a call
@@ -219,6 +223,15 @@ class Ticket:
 # -- escalations ---------------------------------------------------------------------------
 
 
+def _same_rule(grant: Grant, e: Escalation) -> bool:
+    """Whether ``grant`` was given under the rules that escalate ``e``, as they are now."""
+    return (
+        grant.rule == e.rule
+        and grant.rule_digest is not None
+        and (grant.rule_digest == e.rule_digest)
+    )
+
+
 @dataclass(slots=True)
 class _Open:
     """One open request, which identical calls join."""
@@ -249,6 +262,9 @@ class Escalation:
     """The tool's description, shown to the person asked."""
     chain: tuple[str, ...] = ()
     """The callers above the call, outermost first (see :attr:`ApprovalRequest.chain`)."""
+    rule_digest: str | None = None
+    """What the rule that escalated says (``Decision.rule_digest``): a remembered allow
+    answers this call only if it was given under the same."""
 
 
 class Escalations:
@@ -260,7 +276,7 @@ class Escalations:
         self._store = store
         self._events = events
         self._host_id = host_id
-        self._open: dict[tuple[str, str, str, str], _Open] = {}
+        self._open: dict[tuple[str, str, str, str, str, str], _Open] = {}
         self._session_grants: dict[str, list[Grant]] = {}
 
     def __repr__(self) -> str:
@@ -289,6 +305,9 @@ class Escalations:
             if g.covers(e.tool, e.caller, e.args_sha256)
         ]
         grants += await self._store.find_grants(e.tool, e.caller, e.args_sha256)
+        # An allow answers the rule that asked: given under another rule, or under this
+        # one when it said something else, it answers nothing (a deny always counts).
+        grants = [g for g in grants if not g.allow or _same_rule(g, e)]
         if e.approvers is not None:
             # Grants do not say which channel made them: only a remembered deny counts.
             grants = [g for g in grants if not g.allow]
@@ -299,7 +318,9 @@ class Escalations:
     async def resolve(self, e: Escalation) -> Ticket:
         """Wait for the answer to ``e``. Returns a ticket, or raises :class:`NotApproved`,
         :class:`LimitExceeded`, or ``StoreUnavailable`` (the caller fails closed)."""
-        key = (e.session, e.caller, e.tool, e.args_sha256)
+        # An identical call escalated by another rule (or a changed one) asks on its own:
+        # it must not join a request that shows the person another rule's reason.
+        key = (e.session, e.caller, e.tool, e.args_sha256, e.rule, e.rule_digest or "")
         while True:
             grant = await self._remembered(e)
             if grant is not None:
@@ -465,6 +486,8 @@ class Escalations:
                 summary=summarize_arguments(decode(e.bound.encoded), redactor=e.redactor)
                 if approval.scope == "call"
                 else None,
+                rule_digest=e.rule_digest,
+                reason=e.reason,
                 session=e.session if approval.remember == "session" else None,
             )
             if approval.remember == "session":

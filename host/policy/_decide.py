@@ -28,7 +28,6 @@ import functools
 import hashlib
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,10 +40,12 @@ from host.errors import PolicyFileError
 
 from ._files import Caller, Channel, PolicyConfig, Quota, Rule, load_policy
 from ._paths import path_truth
+from ._regex import MAX_MATCH_CHARS, Pattern, compile_regex, glob
 from ._watch import Watch, open_watch
 
 __all__ = [
     "Decision",
+    "rule_digest",
     "Policy",
     "PolicySource",
     "decide",
@@ -74,6 +75,9 @@ class Decision:
     approvers: tuple[Channel, ...] | None = None
     """For ``escalate``: the channels whose answer may allow the call (every matching
     escalate rule's ``approvers``, intersected); ``None``: any channel."""
+    rule_digest: str | None = None
+    """A digest of what decided: the content of every matching rule of the winning kind
+    (or of the default). A remembered answer is bound to it: a changed rule asks again."""
 
     def to_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -85,49 +89,29 @@ class Decision:
         }
         if self.approvers is not None:
             data["approvers"] = list(self.approvers)
+        if self.rule_digest is not None:
+            data["rule_digest"] = self.rule_digest
         return data
 
 
 # -- globs ---------------------------------------------------------------------------------
 
 
-def _glob(pattern: str, sep: str) -> re.Pattern[str]:
-    out: list[str] = []
-    i = 0
-    not_sep = f"[^{re.escape(sep)}]"
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append(not_sep + "*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append(not_sep)
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
-
-
 @functools.lru_cache(maxsize=1024)
-def tool_glob(pattern: str) -> re.Pattern[str]:
+def tool_glob(pattern: str) -> Pattern:
     """A tool-name glob: ``*`` and ``?`` stop at ``.``, ``**`` does not. Use ``fullmatch``."""
-    return _glob(pattern, ".")
+    return glob(pattern, ".")
 
 
 @functools.lru_cache(maxsize=1024)
-def value_glob(pattern: str) -> re.Pattern[str]:
+def value_glob(pattern: str) -> Pattern:
     """An argument glob: ``*`` and ``?`` stop at ``/``, ``**`` does not. Use ``fullmatch``."""
-    return _glob(pattern, "/")
+    return glob(pattern, "/")
 
 
 # -- conditions ----------------------------------------------------------------------------
 
 Truth = bool | None
-_MISSING: Final = object()
-_UNKNOWN_VALUE: Final = object()
 
 
 def _is_number(value: Any) -> bool:
@@ -151,6 +135,8 @@ def _equal(value: Any, expected: Any) -> Truth:
 
 def _string(value: Any, test: Callable[[str], bool]) -> Truth:
     if type(value) is str:
+        if len(value) > MAX_MATCH_CHARS:
+            return _UNKNOWN  # too long to match on the event loop: undecidable
         return test(value)
     if value is None or type(value) in (bool, int, float):
         return False
@@ -165,8 +151,8 @@ _COMPARE: Final[dict[str, Callable[[float, float], bool]]] = {
 }
 
 
-def _path_glob(glob: str, path: str) -> bool:
-    return value_glob(glob).fullmatch(path) is not None
+def _path_glob(pattern: str, path: str) -> bool:
+    return value_glob(pattern).fullmatch(path) is not None
 
 
 def _all(truths: Sequence[Truth]) -> Truth:
@@ -184,67 +170,109 @@ def _compare(value: Any, op: Callable[[float, float], bool], bound: float) -> Tr
     return _UNKNOWN  # a number written as a string, or a container
 
 
-def _condition(value: Any, condition: Any) -> Truth:
-    if value is _MISSING:
-        return False  # the tool has no such parameter
-    if value is _UNKNOWN_VALUE:
-        return _UNKNOWN
+Test = Callable[[Any], Truth]
+
+
+def _condition(condition: Any) -> Test:
+    """``condition`` compiled into a test of one argument's value."""
     if isinstance(condition, str):
-        glob = value_glob(condition)
-        return _string(value, lambda s: glob.fullmatch(s) is not None)
+        matcher = value_glob(condition)
+        return lambda value: _string(value, lambda s: matcher.fullmatch(s) is not None)
     if not isinstance(condition, dict):
-        return _equal(value, condition)
+        return lambda value: _equal(value, condition)
     table = cast("Mapping[str, Any]", condition)
     if "path" in table:
-        return path_truth(value, table, _path_glob)
-    truths: list[Truth] = []
+        return lambda value: (
+            _UNKNOWN
+            if type(value) is str and len(value) > MAX_MATCH_CHARS  # too long to match
+            else path_truth(value, table, _path_glob)
+        )
+    tests: list[Test] = []
     if "regex" in table:
-        pattern = re.compile(str(table["regex"]))
-        truths.append(_string(value, lambda s: pattern.fullmatch(s) is not None))
-    truths.extend(
-        _compare(value, op, table[name]) for name, op in _COMPARE.items() if name in table
-    )
+        pattern = compile_regex(str(table["regex"]))
+        tests.append(lambda value: _string(value, lambda s: pattern.fullmatch(s) is not None))
+    for name, op in _COMPARE.items():
+        if name in table:
+            bound: float = table[name]
+            tests.append(lambda value, op=op, bound=bound: _compare(value, op, bound))
     if "in" in table:
         options: list[Any] = table["in"]
-        found = [_equal(value, option) for option in options]
-        truths.append(
-            True if any(t is True for t in found) else (_UNKNOWN if _UNKNOWN in found else False)
+
+        def member(value: Any) -> Truth:
+            found = [_equal(value, option) for option in options]
+            if any(t is True for t in found):
+                return True
+            return _UNKNOWN if _UNKNOWN in found else False
+
+        tests.append(member)
+    return lambda value: _all([test(value) for test in tests])
+
+
+def rule_digest(rule: Rule) -> str:
+    """A digest of what a rule says (not where it is written): a grant records the digest
+    of the rule that asked, so a changed rule asks again."""
+    return hashlib.sha256(rule.model_dump_json().encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """One rule with its globs and conditions compiled (once per policy version)."""
+
+    rule: Rule
+    tools: tuple[Pattern, ...]
+    when: tuple[tuple[str, Test], ...]
+    digest: str
+
+    @classmethod
+    def of(cls, rule: Rule) -> _Compiled:
+        return cls(
+            rule,
+            tuple(tool_glob(g) for g in rule.tools),
+            tuple((name, _condition(cond)) for name, cond in rule.when.items()),
+            rule_digest(rule),
         )
-    return _all(truths)
 
+    def covers(self, tool: str) -> bool:
+        return any(pattern.fullmatch(tool) for pattern in self.tools)
 
-def _rule_matches(
-    rule: Rule,
-    tool: str,
-    arguments: Mapping[str, Any],
-    caller: Caller,
-    unknown: Collection[str],
-) -> bool:
-    if rule.callers is not None and caller not in rule.callers:
-        return False
-    if not any(tool_glob(g).fullmatch(tool) for g in rule.tools):
-        return False
-    truth = _all(
-        [
-            _condition(arguments.get(name, _UNKNOWN_VALUE if name in unknown else _MISSING), cond)
-            for name, cond in rule.when.items()
-        ]
-    )
-    if truth is None:  # undecidable: only ever the more restrictive reading
-        return rule.decision != "allow"
-    return truth
+    def matches(
+        self, arguments: Mapping[str, Any], caller: Caller, unknown: Collection[str]
+    ) -> bool:
+        rule = self.rule
+        if rule.callers is not None and caller not in rule.callers:
+            return False
+        truths: list[Truth] = []
+        for name, test in self.when:
+            if name in arguments:
+                truths.append(test(arguments[name]))
+            else:
+                truths.append(_UNKNOWN if name in unknown else False)  # no such parameter
+        truth = _all(truths)
+        if truth is None:  # undecidable: only ever the more restrictive reading
+            return rule.decision != "allow"
+        return truth
 
 
 # -- the policy ----------------------------------------------------------------------------
 
+_BY_TOOL: Final = 4096
+"""Tools whose candidate rules a policy remembers (names come from discovery)."""
+
 
 class Policy:
-    """One version of a project's policy files, compiled for deciding."""
+    """One version of a project's policy files, compiled for deciding.
+
+    Every rule's globs and conditions are compiled once, here; the rules that can match a
+    tool (by its globs) are worked out once per tool name, so a call checks only those.
+    """
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
         self.rules: tuple[Rule, ...] = tuple(rule for _, f in config.files for rule in f.rules)
         self.quotas: tuple[Quota, ...] = tuple(q for _, f in config.files for q in f.quotas)
+        self._compiled = tuple(_Compiled.of(rule) for rule in self.rules)
+        self._by_tool: dict[str, tuple[_Compiled, ...]] = {}
+        self._digests: dict[tuple[int, ...], str] = {}
         self._quotas_by_tool: dict[str, tuple[Quota, ...]] = {}
         self.version = (
             config.version or hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:12]
@@ -256,6 +284,14 @@ class Policy:
     @property
     def escalation_timeout(self) -> float:
         return self.config.defaults.escalation_timeout
+
+    def _candidates(self, tool: str) -> tuple[_Compiled, ...]:
+        found = self._by_tool.get(tool)
+        if found is None:
+            found = tuple(c for c in self._compiled if c.covers(tool))
+            if len(self._by_tool) < _BY_TOOL:
+                self._by_tool[tool] = found
+        return found
 
     def decide(
         self,
@@ -270,33 +306,57 @@ class Policy:
         ``unknown`` names parameters the tool has whose value the host cannot know (their
         default is not a literal and the caller did not pass them).
         """
-        matched = [r for r in self.rules if _rule_matches(r, tool, arguments, caller, unknown)]
+        matched = [c for c in self._candidates(tool) if c.matches(arguments, caller, unknown)]
         if not matched:
             default: Verdict = getattr(self.config.defaults, caller)
+            digest = (
+                hashlib.sha256(f"defaults.{caller}=escalate".encode()).hexdigest()[:32]
+                if default == "escalate"
+                else None
+            )
             return Decision(
                 default,
                 f"defaults.{caller}",
                 f"no rule matches; the default for {caller} calls is {default}",
                 self.version,
+                rule_digest=digest,
             )
-        winner = max(matched, key=lambda r: _RANK[r.decision])  # max keeps the first of equals
+        # max keeps the first of equals
+        winner = max(matched, key=lambda c: _RANK[c.rule.decision]).rule
         approvers: tuple[Channel, ...] | None = None
         if winner.decision == "escalate":
             # Every matching escalate rule's restriction holds: the channels all allow.
-            for rule in matched:
+            for compiled in matched:
+                rule = compiled.rule
                 if rule.decision == "escalate" and rule.approvers is not None:
                     allowed = rule.approvers
                     approvers = tuple(
                         c for c in (approvers if approvers is not None else allowed) if c in allowed
                     )
+        digest = self._digest(matched) if winner.decision == "escalate" else None
         return Decision(
             winner.decision,
             winner.name,
             winner.reason,
             self.version,
-            tuple(r.name for r in matched),
+            tuple(c.rule.name for c in matched),
             approvers,
+            digest,
         )
+
+    def _digest(self, matched: list[_Compiled]) -> str:
+        """What made a call escalate: every matching escalate rule, by name and content (a
+        new stricter rule that also escalates changes it, so what was granted under the
+        old ones is asked again)."""
+        deciding = tuple(c for c in matched if c.rule.decision == "escalate")
+        key = tuple(id(c) for c in deciding)
+        found = self._digests.get(key)
+        if found is None:
+            text = "\0".join(f"{c.rule.name}={c.digest}" for c in deciding)
+            found = hashlib.sha256(text.encode()).hexdigest()[:32]
+            if len(self._digests) < _BY_TOOL:
+                self._digests[key] = found
+        return found
 
     def quotas_for(self, tool: str) -> tuple[Quota, ...]:
         """The ``[[quotas]]`` entries whose globs match ``tool`` (worked out once per tool)."""
@@ -305,7 +365,7 @@ class Policy:
             found = tuple(
                 q for q in self.quotas if any(tool_glob(g).fullmatch(tool) for g in q.tools)
             )
-            if len(self._quotas_by_tool) < 4096:  # bounded: names come from discovery
+            if len(self._quotas_by_tool) < _BY_TOOL:  # bounded: names come from discovery
                 self._quotas_by_tool[tool] = found
         return found
 
@@ -434,32 +494,52 @@ class PolicySource:
             return self._policy
         watch = self._watch
         if watch is None or watch.changed():
-            now = time.time()
-            signature = self._stat(now)
-            racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
-            if signature != self._signature or racy:
-                self._signature = signature
-                digest = self._read_digest()
-                # A malformed policy is read again when touched: what it names (a data
-                # folder) may have been fixed outside the file.
-                if digest != self._digest or self._error is not None:
-                    self._digest = digest
-                    self._reload()
-            if watch is not None and not watch.add((*self._dirs, *self._paths)):
-                self.close()
+            try:
+                self._refresh(watch)
+            except Exception as exc:  # reading the files failed somehow: fail closed
+                self._fail(exc)
         if self._error is not None:
             raise self._error
         return self._policy
 
+    def _refresh(self, watch: Watch | None) -> None:
+        now = time.time()
+        signature = self._stat(now)
+        racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
+        if signature != self._signature or racy:
+            self._signature = signature
+            digest = self._read_digest()
+            # A malformed policy is read again when touched: what it names (a data
+            # folder) may have been fixed outside the file.
+            if digest != self._digest or self._error is not None:
+                self._digest = digest
+                self._reload()
+        if watch is not None and not watch.add((*self._dirs, *self._paths)):
+            self.close()
+
     def _reload(self) -> None:
         try:
             config = load_policy(self._paths, root=self._root)
-        except PolicyFileError as exc:
-            self._error = exc
-            if self._on_change is not None:
-                self._on_change(exc)
+            policy = Policy(config)
+        except Exception as exc:  # whatever it is, the new files are not a policy
+            self._fail(exc)
             return
         self._error = None
-        self._policy = Policy(config)
+        self._policy = policy
         if self._on_change is not None:
             self._on_change(self._policy)
+
+    def _fail(self, exc: Exception) -> None:
+        """From now on every call is refused with this error, until the files change and
+        read well (``policy_reload_failed``): never the old policy, never a crash."""
+        error = (
+            exc
+            if isinstance(exc, PolicyFileError)
+            else PolicyFileError(
+                f"cannot be loaded: {type(exc).__name__}: {str(exc)[:200]}",
+                file=", ".join(str(p) for p in self._paths) or "the policy files",
+            )
+        )
+        self._error = error
+        if self._on_change is not None:
+            self._on_change(error)

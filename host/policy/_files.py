@@ -11,7 +11,7 @@ import hashlib
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Final, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -37,6 +37,7 @@ from host.settings import (
 )
 
 from ._paths import PATH_KEYS, check_path_condition
+from ._regex import compile_regex, glob
 from ._suggest import did_you_mean, unknown_key
 
 __all__ = [
@@ -90,17 +91,22 @@ def _tool_globs(value: object) -> object:
                 f"{item!r} is not a tool-name glob (letters, digits, '_', '.', "
                 "'*' within a name part, '**' across parts, '?')"
             )
+        glob(item, ".")
     return items
 
 
 def _condition(value: Any) -> Any:
     """Check one ``when.PARAM`` condition; the policy module compiles it."""
-    if isinstance(value, (str, bool, int, float)):
+    if isinstance(value, str):
+        glob(value, "/")  # a glob too large to compile is refused here, not at a call
+        return value
+    if isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, dict):
         table: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
         if any(key in table for key in PATH_KEYS):
             check_path_condition(table)
+            glob(str(table["path"]), "/")
             return table
         unknown = sorted(set(table) - set(_WHEN_KEYS))
         if unknown or not table:
@@ -113,10 +119,7 @@ def _condition(value: Any) -> Any:
             pattern = table["regex"]
             if not isinstance(pattern, str):
                 raise ValueError("regex takes a string")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"regex {pattern!r} does not compile: {exc}") from exc
+            compile_regex(pattern)  # RE2: refuses what it cannot match in linear time
         for op in ("gt", "ge", "lt", "le"):
             bound = table.get(op)
             if op in table and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
@@ -223,9 +226,33 @@ class PolicyConfig(BaseModel):
     audit: AuditConfig = AuditConfig()
 
 
-def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]#]*?)\s*\]\]?\s*(#.*)?$")
+
+
+class _Lines:
+    """A file's lines and where each table header is, found once: naming every rule of
+    a file by its line is then linear in the file, not quadratic."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        self._headers: dict[str, list[int]] | None = None
+
+    def headers(self, section: str) -> list[int]:
+        if self._headers is None:
+            found: dict[str, list[int]] = {}
+            for i, line in enumerate(self.lines):
+                if line.lstrip().startswith("["):
+                    match = _HEADER.match(line)
+                    if match is not None:
+                        found.setdefault(match[1], []).append(i)
+            self._headers = found
+        return self._headers.get(section, [])
+
+
+def _line_of(text: str | _Lines, loc: tuple[int | str, ...]) -> int | None:
     """Best-effort line of a validation error's location in the TOML source."""
-    lines = text.splitlines()
+    index_of = text if isinstance(text, _Lines) else _Lines(text)
+    lines = index_of.lines
     section: str | None = None
     index: int | None = None
     key: str | None = None
@@ -238,8 +265,7 @@ def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
         key = str(parts.pop(0))
     start = 0
     if section is not None:
-        header = re.compile(rf"^\s*\[\[?\s*{re.escape(section)}\s*\]\]?\s*(#.*)?$")
-        hits = [i for i, line in enumerate(lines) if header.match(line)]
+        hits = index_of.headers(section)
         if hits:
             start = hits[min(index or 0, len(hits) - 1)]
         elif key is None:
@@ -255,6 +281,63 @@ def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
     return start + 1 if section is not None else None
 
 
+MAX_POLICY_BYTES: Final = 8 * 1024**2
+"""Largest policy file read (about 100,000 rules)."""
+
+MAX_NESTING: Final = 32
+"""Deepest nesting of arrays and inline tables a policy file may use."""
+
+_TOKEN = re.compile(r'"""|' + r"'''" + r"""|["'#\[\]{}\n]""")
+_STRING_END: Final = {
+    '"""': re.compile(r'(?:\\.|[^\\])*?"""(?:"{0,2})', re.DOTALL),
+    "'''": re.compile(r"(?:.)*?'''(?:'{0,2})", re.DOTALL),
+    '"': re.compile(r'(?:\\.|[^"\\\n])*"'),
+    "'": re.compile(r"[^'\n]*'"),
+}
+
+
+def _check_shape(text: str, name: str) -> None:
+    """Refuse a file too large or nested too deep before the parser sees it (the parser
+    recurses once per level: 5,000 nested arrays ended in a ``RecursionError``)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_POLICY_BYTES:
+        raise PolicyFileError(
+            f"the file takes {size:,} bytes, more than the {MAX_POLICY_BYTES:,} a policy "
+            "file may take; split it into policies/*.toml",
+            file=name,
+        )
+    depth = 0
+    line = 1
+    at = 0
+    while True:
+        match = _TOKEN.search(text, at)
+        if match is None:
+            return
+        token = match[0]
+        at = match.end()
+        if token == "\n":
+            line += 1
+        elif token == "#":
+            end = text.find("\n", at)
+            at = len(text) if end < 0 else end
+        elif token in _STRING_END:
+            closed = _STRING_END[token].match(text, at)
+            if closed is None:
+                return  # an unterminated string: the parser says where
+            line += text.count("\n", at, closed.end())
+            at = closed.end()
+        elif token in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise PolicyFileError(
+                    f"arrays and tables are nested more than {MAX_NESTING} levels deep",
+                    file=name,
+                    line=line,
+                )
+        else:
+            depth = max(0, depth - 1)
+
+
 def _parse_file(
     path: Path, text: str | None = None, display: str | None = None, root: Path | None = None
 ) -> PolicyFile:
@@ -264,6 +347,7 @@ def _parse_file(
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise PolicyFileError(f"cannot read: {exc}", file=name) from exc
+    _check_shape(text, name)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -271,6 +355,7 @@ def _parse_file(
         raise PolicyFileError(
             f"not valid TOML: {exc}", file=name, line=int(m.group(1)) if m else None
         ) from exc
+    lines = _Lines(text)
     try:
         # Paths in the file (``[capsules] data``) are checked against the project folder.
         parsed = PolicyFile.model_validate(data, context={"root": root or path.parent})
@@ -293,9 +378,9 @@ def _parse_file(
             "extra_forbidden",
         ):
             message += f" (got {given!r:.60})"
-        raise PolicyFileError(message, file=name, line=_line_of(text, loc), field=field) from exc
+        raise PolicyFileError(message, file=name, line=_line_of(lines, loc), field=field) from exc
     for index, rule in enumerate(parsed.rules):
-        line = _line_of(text, ("rules", index))
+        line = _line_of(lines, ("rules", index))
         rule._source = f"{display or name}:{line}" if line else f"{display or name}:rules[{index}]"  # pyright: ignore[reportPrivateUsage]
     return parsed
 
@@ -338,7 +423,16 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
         except (OSError, UnicodeDecodeError) as exc:
             raise PolicyFileError(f"cannot read: {exc}", file=str(path)) from exc
         display = _display(path, root)
-        files.append((display, _parse_file(path, text, display, root)))
+        try:
+            files.append((display, _parse_file(path, text, display, root)))
+        except PolicyFileError:
+            raise
+        except (RecursionError, MemoryError, ValueError, TypeError, OverflowError) as exc:
+            # Whatever else reading the file raises is a malformed file, never a crash.
+            raise PolicyFileError(
+                f"cannot be read as a policy: {type(exc).__name__}: {str(exc)[:200]}",
+                file=str(path),
+            ) from exc
         digest.update(f"{display}\0{len(text)}\0".encode())
         digest.update(text.encode())
     merged: dict[str, Any] = {"files": files, "version": digest.hexdigest()[:12]}
