@@ -9,11 +9,19 @@ and is made as caller ``agent`` through the session's full mediator. The host de
 everything from the frame alone: the tool name is looked up, the arguments are bound and
 checked, and nothing the sandbox claims (who it is, what was approved) counts.
 
-Limits (``[limits]``): ``code_timeout`` is sandbox time, measured here; time while a tool
-call is in flight (tools, approvals) does not count. ``code_max_calls`` is counted here.
-``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
-``code_max_output`` caps captured output. A run that hits one fails with ``LimitExceeded``
-naming it; the sandbox is replaced, and the next run is told its variables were lost.
+Limits (``[limits]``), each enforced here, whatever the guest does or claims:
+``code_timeout`` is sandbox time, measured here; time while a tool call is in flight
+(tools, approvals) does not count. ``code_max_calls`` is counted here. ``code_memory``
+caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
+``code_max_output`` caps captured output and the run's value (``check_done``).
+A run that hits one fails with ``LimitExceeded`` naming it; the sandbox is replaced, and
+the next run is told its variables were lost.
+
+The guest is treated as hostile: agent code can write to the protocol pipe itself. Every
+frame is checked here (types, ids, sizes); one that breaks the rules ends the run with a
+``protocol_error`` and the sandbox with it. Between runs a guest has nothing to say: one
+that sends anything (code still running after a ``done`` frame it forged) is replaced
+before the next run.
 The replacement (also after ``reset_code``) boots in the background at once, so it is
 usually ready by the time the agent runs code again.
 
@@ -48,10 +56,10 @@ from ._code_results import (
     CodeCall,
     CodeError,
     CodeResult,
+    Done,
     SandboxKind,
+    check_done,
     decision_of,
-    frame_str,
-    guest_error,
     limit_error,
 )
 from ._guest_pipe import Dead, Guest
@@ -96,7 +104,7 @@ class _Run:
         """The calls made, as the fields of their :class:`CodeCall` (see :meth:`records`)."""
         self.made = 0
         self.scopes: dict[int, anyio.CancelScope] = {}
-        self.done: dict[str, Any] | None = None
+        self.done: Done | None = None
         self.failure: CodeError | None = None
         self.files: list[Attachment] = []
         """The files the run's calls returned (the code saw their values only)."""
@@ -172,6 +180,8 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
+        self._lost_why: str | None = None
+        """Why the sandbox was replaced between runs, when the host knows."""
         self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
 
     @staticmethod
@@ -363,6 +373,13 @@ class CodeSandbox:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
             warnings: list[str] = []
+            guest = self._guest
+            if guest is not None and guest.alive and guest.has_output():
+                # Frames between runs: the code of an earlier run is still at work (after
+                # a done frame it forged). Its sandbox cannot be trusted to be idle.
+                await self._discard("it sent frames between runs")
+                self._lost = True
+                self._lost_why = "it sent frames after its run had ended"
             if self._guest is None or not self._guest.alive:
                 if self._guest is not None:
                     await self._discard("it died between runs")
@@ -370,7 +387,10 @@ class CodeSandbox:
                 self._guest = await self._fresh()
                 if self._lost:
                     warnings.append(LOST)
+                    if self._lost_why is not None:
+                        warnings.append(f"the sandbox was replaced because {self._lost_why}")
                     self._lost = False
+                self._lost_why = None
             guest = self._guest
             self._runs += 1
             run = _Run(self._runs)
@@ -385,7 +405,14 @@ class CodeSandbox:
                     type="ProtocolError",
                     message=f"the sandbox broke the wire protocol ({exc}); {LOST}",
                 )
-                self._events.emit("protocol_error", self._session, error=str(exc))
+                self._events.emit("protocol_error", self._session, error=str(exc)[:MAX_TEXT])
+            except Exception as exc:  # a host bug: the run fails cleanly, the log has it
+                logger.exception("serving a run of the code sandbox failed")
+                run.failure = CodeError(
+                    kind="host_error",
+                    type="HostError",
+                    message=f"the host failed while serving the run ({type(exc).__name__}); {LOST}",
+                )
             return await self._finish(guest, run, warnings)
 
     async def _finish(self, guest: Guest, run: _Run, warnings: list[str]) -> CodeResult:
@@ -401,6 +428,7 @@ class CodeSandbox:
         if run.failure is not None:
             await self._discard(run.failure.message)
             self._lost = False  # this result already says so
+            self._lost_why = None
             self._prefetch()
             self._events.emit(
                 "sandbox_reset", self._session, reason=run.failure.message, limit=run.failure.limit
@@ -414,35 +442,28 @@ class CodeSandbox:
                 attachments=run.files,
             )
         assert done is not None
-        error: CodeError | None = None
-        raw_error = done.get("error")
-        if raw_error is not None:
-            error = guest_error(raw_error)
-            if error.kind == "limit_exceeded" and error.limit in ("code_memory", "code_max_output"):
-                # Memory ran out (or output overflowed) inside the guest: its state may be
-                # half-made, so it is replaced, and the result says so.
-                await self._discard(error.message)
-                self._prefetch()
-                self._events.emit(
-                    "sandbox_reset", self._session, reason=error.message, limit=error.limit
-                )
-                detail = _guest_limit(error.limit, error.message, self._limits)
-                error = error.model_copy(
-                    update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
-                )
-        raw_warnings: Any = done.get("warnings") or []
-        if not isinstance(raw_warnings, list):
-            raise p.BadFrame("warnings must be a list")
-        items: list[Any] = raw_warnings  # pyright: ignore[reportUnknownVariableType]
-        for item in items[:50]:
-            if isinstance(item, str):
-                warnings.append(item[:1000])
-        value = done.get("value")
-        ok = done.get("ok") is True and error is None
+        error = done.error
+        if (
+            error is not None
+            and error.kind == "limit_exceeded"
+            and error.limit in ("code_memory", "code_max_output")
+        ):
+            # Memory ran out (or output overflowed) inside the guest: its state may be
+            # half-made, so it is replaced, and the result says so.
+            await self._discard(error.message)
+            self._prefetch()
+            self._events.emit(
+                "sandbox_reset", self._session, reason=error.message, limit=error.limit
+            )
+            detail = _guest_limit(error.limit, error.message, self._limits)
+            error = error.model_copy(
+                update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
+            )
+        warnings.extend(done.warnings)
         return CodeResult(
-            ok=ok,
-            value=value if ok else None,
-            stdout=frame_str(done, "stdout", self._limits.code_max_output),
+            ok=done.ok,
+            value=done.value,
+            stdout=done.stdout,
             error=error,
             calls=run.records(),
             warnings=warnings,
@@ -451,13 +472,14 @@ class CodeSandbox:
         )
 
     async def _drive(self, guest: Guest, run: _Run) -> None:
-        """Serve the run's tool calls until it is done, fails, or hits a limit."""
-        broken: p.BadFrame | None = None
+        """Serve the run's tool calls until it is done, fails, or hits a limit; then
+        cancel whatever of it is still in flight (each call records that it was)."""
+        broken: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._clock, guest, run)
             try:
                 await self._serve(guest, run, tg)
-            except p.BadFrame as exc:  # raised outside the group, not wrapped in one
+            except Exception as exc:  # raised outside the group, not wrapped in one
                 broken = exc
             tg.cancel_scope.cancel()
         if broken is not None:
@@ -470,9 +492,7 @@ class CodeSandbox:
                 break
             kind = msg.get("k")
             if kind == p.K_USE:
-                call_id, tool, args, kwargs = self._check_use(msg)
-                if msg.get("run") != run.id:
-                    continue  # left over from an earlier run: it gets no answer
+                call_id, tool, args, kwargs = self._check_use(msg, run)
                 run.made += 1
                 if run.made > self._limits.code_max_calls:
                     run.failure = limit_error(
@@ -493,26 +513,30 @@ class CodeSandbox:
                     run.scopes[call_id] = scope
                     tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
             elif kind == p.K_DROP:
-                scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
+                call_id = msg.get("id")
+                if type(call_id) is not int:
+                    raise p.BadFrame("drop frames carry the int id of a call")
+                scope = run.scopes.get(call_id)
                 if scope is not None:
                     scope.cancel()
             elif kind == p.K_DONE:
-                if msg.get("id") != run.id:
-                    raise p.BadFrame("a done frame for another run")
-                p.check_plain(msg.get("value"))
-                run.done = msg
+                run.done = check_done(msg, run.id, self._limits.code_max_output)
                 break
             else:
                 raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
 
     @staticmethod
-    def _check_use(msg: Mapping[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
+    def _check_use(msg: Mapping[str, Any], run: _Run) -> tuple[int, str, list[Any], dict[str, Any]]:
         call_id, tool = msg.get("id"), msg.get("tool")
         args, kwargs = msg.get("args"), msg.get("kwargs")
         if type(call_id) is not int or type(tool) is not str or len(tool) > 512:
             raise p.BadFrame("use frames carry an int id and a tool name")
         if type(msg.get("run")) is not int:
             raise p.BadFrame("use frames carry the int id of their run")
+        if msg.get("run") != run.id:
+            raise p.BadFrame("a use frame for a run that is not in progress")
+        if call_id in run.scopes:
+            raise p.BadFrame("a use frame reusing the id of a call in flight")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise p.BadFrame("use frames carry args as a list and kwargs as a map")
         # Flat arguments (the usual case) are plain as they are; anything else is walked.
@@ -620,12 +644,14 @@ class CodeSandbox:
             if self._guest is not None:
                 await self._discard("the tool files changed")
                 self._lost = True
+                self._lost_why = None
 
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:
             await self._discard("reset_code")
             self._lost = False
+            self._lost_why = None
             self._prefetch()
 
     async def aclose(self) -> None:
