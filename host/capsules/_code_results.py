@@ -103,12 +103,15 @@ def limit_error(limit: str, message: str) -> CodeError:
 
 
 def decision_of(
-    exc: HostError | None, decided: list[str]
+    exc: HostError | None, decided: list[str], *, cancelled: bool = False
 ) -> Literal["allow", "deny", "escalate"] | None:
-    """The mediator's decision (from its event), else what the outcome implies."""
+    """The mediator's decision (from its event), else what the outcome implies; for a
+    call cancelled before an outcome (``cancelled``), None unless it was decided."""
     for decision in decided:
         if decision == "allow" or decision == "deny" or decision == "escalate":
             return decision
+    if cancelled:
+        return None
     if exc is None:
         return "allow"
     if isinstance(exc, PolicyDenied):

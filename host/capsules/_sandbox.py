@@ -101,7 +101,9 @@ class _Run:
         self.id = run_id
         self.inflight = 0
         self.calls: list[_CallRecord] = []
-        """The calls made, as the fields of their :class:`CodeCall` (see :meth:`records`)."""
+        """Every call made, in the order the code made them, as the fields of its
+        :class:`CodeCall` (see :meth:`records`); each gets its slot when it is made and
+        its outcome when it ends, whatever ends the run."""
         self.made = 0
         self.scopes: dict[int, anyio.CancelScope] = {}
         self.done: Done | None = None
@@ -501,17 +503,21 @@ class CodeSandbox:
                     )
                     guest.kill("too many tool calls")
                     break
+                slot = len(run.calls)
+                run.calls.append((tool, None, False, "cancelled"))
                 run.inflight += 1
                 if msg.get("wait") is True and run.inflight == 1:
                     # The guest waits for this answer and sends nothing until then (it
                     # says so; if it does not, only its own later frames wait): made
                     # here, with no task to start, and no scope of its own (no ``drop``
                     # can be read while this loop itself awaits the call).
-                    await self._tool_call(guest, run, None, call_id, tool, args, kwargs)
+                    await self._tool_call(guest, run, None, slot, call_id, tool, args, kwargs)
                 else:
                     scope = anyio.CancelScope()
                     run.scopes[call_id] = scope
-                    tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
+                    tg.start_soon(
+                        self._tool_call, guest, run, scope, slot, call_id, tool, args, kwargs
+                    )
             elif kind == p.K_DROP:
                 call_id = msg.get("id")
                 if type(call_id) is not int:
@@ -573,13 +579,15 @@ class CodeSandbox:
         guest: Guest,
         run: _Run,
         scope: anyio.CancelScope | None,
+        slot: int,
         call_id: int,
         tool: str,
         args: list[Any],
         kwargs: dict[str, Any],
     ) -> None:
-        """Make one call and answer it; ``scope`` (a call made on a task) lets a ``drop``
-        cancel it. A cancelled call gets no answer."""
+        """Make one call, record it in its ``slot`` and answer it; ``scope`` (a call made
+        on a task) lets a ``drop`` cancel it. A cancelled call gets no answer, and is
+        recorded as cancelled, with the decision made for it if one was."""
         try:
             name = self._canonical(tool)
         except HostError:
@@ -598,12 +606,18 @@ class CodeSandbox:
             run.inflight -= 1
             if scope is not None:
                 run.scopes.pop(call_id, None)
-        if outcome is None:  # the code stopped waiting (drop): nothing to answer
-            run.calls.append((name, None, False, "cancelled"))
+            if outcome is None:  # dropped by the code, or cut short as the run stopped
+                run.calls[slot] = (
+                    name,
+                    decision_of(None, decided, cancelled=True),
+                    False,
+                    "cancelled",
+                )
+        if outcome is None:
             return
         value, failure = outcome
         if failure is None:
-            run.calls.append((name, decision_of(None, decided), True, None))
+            run.calls[slot] = (name, decision_of(None, decided), True, None)
             if isinstance(value, Result):  # the code gets the value; the files go to the result
                 result: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
                 run.files.extend(result.attachments)
@@ -613,7 +627,7 @@ class CodeSandbox:
                 value = value.info()
             reply = {"k": p.K_OK, "id": call_id, "value": value}
         else:
-            run.calls.append((name, decision_of(failure, decided), False, failure.kind))
+            run.calls[slot] = (name, decision_of(failure, decided), False, failure.kind)
             reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
         with contextlib.suppress(Dead):
             await guest.send(reply)
