@@ -10,18 +10,21 @@ everything from the frame alone: the tool name is looked up, the arguments are b
 checked, and nothing the sandbox claims (who it is, what was approved) counts.
 
 Limits (``[limits]``), each enforced here, whatever the guest does or claims:
-``code_timeout`` is sandbox time, measured here; time while a tool call is in flight
-(tools, approvals) does not count. ``code_max_calls`` is counted here. ``code_memory``
-caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
-``code_max_output`` caps captured output and the run's value (``check_done``).
-A run that hits one fails with ``LimitExceeded`` naming it; the sandbox is replaced, and
-the next run is told its variables were lost.
+``code_timeout`` is counted by :meth:`CodeSandbox._clock`: wall time while no tool call is
+in flight, and the guest's own CPU time (``_cpu.py``) while one is, so waiting on tools
+and approvals does not count but computing always does. ``code_max_calls`` is counted
+here. ``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the
+fallback). ``code_max_output`` caps captured output and the run's value (``check_done``).
+A run that hits one fails with ``LimitExceeded`` naming it; the guest is killed (never
+abandoned), the calls it had in flight are cancelled, and the next run is told its
+variables were lost.
 
 The guest is treated as hostile: agent code can write to the protocol pipe itself. Every
 frame is checked here (types, ids, sizes); one that breaks the rules ends the run with a
-``protocol_error`` and the sandbox with it. Between runs a guest has nothing to say: one
-that sends anything (code still running after a ``done`` frame it forged) is replaced
-before the next run.
+``protocol_error`` and the sandbox with it. Between runs a guest has nothing to say and
+little to compute: one that sends anything is replaced before the next run, and one that
+keeps computing (code still running after a ``done`` frame it forged) is killed once it
+has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU.
 The replacement (also after ``reset_code``) boots in the background at once, so it is
 usually ready by the time the agent runs code again.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -62,6 +66,7 @@ from ._code_results import (
     decision_of,
     limit_error,
 )
+from ._cpu import CpuMeter, rearm_cpu_limit
 from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
 
@@ -74,6 +79,11 @@ AgentCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 _CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
 _GUEST_MAIN = "from capsule._guest import main; main()"
 _TICK = 0.05
+_IDLE_TICK = 0.5
+"""Seconds between two looks at the guest's CPU time between runs."""
+_WARM_UP = 5.0
+"""CPU seconds a guest may use between runs on top of ``code_timeout``: its imports while
+idle (``asyncio`` takes about half a second in the unoptimised build)."""
 _FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
 """Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
 
@@ -110,6 +120,8 @@ class _Run:
         self.failure: CodeError | None = None
         self.files: list[Attachment] = []
         """The files the run's calls returned (the code saw their values only)."""
+        self.stop: anyio.CancelScope | None = None
+        """Cancels everything the run is doing on the host's side (its calls too)."""
 
     def records(self) -> list[CodeCall]:
         """The calls as the result shows them, built once per distinct call (frozen)."""
@@ -182,6 +194,7 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
+        self._idle: anyio.CancelScope | None = None
         self._lost_why: str | None = None
         """Why the sandbox was replaced between runs, when the host knows."""
         self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
@@ -226,14 +239,20 @@ class CodeSandbox:
     async def _spawn_subprocess(self) -> tuple[anyio.abc.Process, int, int]:
         """The weaker fallback: a CPython child with rlimits and an empty environment."""
         memory = self._limits.code_memory + 128 * 1024 * 1024  # the interpreter's own share
-        cpu = int(self._limits.code_timeout) + 5
+        # CPU: a backstop for when the host is gone (it counts the guest's time itself);
+        # the soft limit moves up before each run (rearm_cpu_limit), the hard one stays.
+        cpu = self._cpu_backstop()
         bootstrap = (
             "import resource as r, sys\n"
-            f"for k, v in ((r.RLIMIT_AS, {memory}), (r.RLIMIT_CPU, {cpu}), "
+            f"for k, v in ((r.RLIMIT_AS, {memory}), "
             "(r.RLIMIT_NPROC, 0), (r.RLIMIT_NOFILE, 64), (r.RLIMIT_FSIZE, 0), "
             "(r.RLIMIT_CORE, 0)):\n"
             "    try: r.setrlimit(k, (v, v))\n"
             "    except (ValueError, OSError): pass\n"
+            "h = r.getrlimit(r.RLIMIT_CPU)[1]\n"
+            f"c = {cpu} if h == r.RLIM_INFINITY else min({cpu}, h)\n"
+            "try: r.setrlimit(r.RLIMIT_CPU, (c, h))\n"
+            "except (ValueError, OSError): pass\n"
             "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             f"sys.path.insert(0, {_CAPSULE_PARENT!r})\n"
             "from capsule._harden import drop_privileges; drop_privileges('sandbox')\n"
@@ -242,6 +261,11 @@ class CodeSandbox:
         return await spawn_piped(
             [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
         )
+
+    def _cpu_backstop(self) -> int:
+        """Seconds of CPU the fallback's RLIMIT_CPU allows beyond what it has used: a run,
+        the idle time after it, and a margin."""
+        return math.ceil(self._limits.code_timeout + _WARM_UP) + 5
 
     async def _start(self) -> Guest:
         try:
@@ -374,6 +398,7 @@ class CodeSandbox:
         async with self._lock:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
+            self._stop_idle_watch()
             warnings: list[str] = []
             guest = self._guest
             if guest is not None and guest.alive and guest.has_output():
@@ -394,6 +419,8 @@ class CodeSandbox:
                     self._lost = False
                 self._lost_why = None
             guest = self._guest
+            if self.kind == "subprocess":
+                rearm_cpu_limit(guest.process.pid, self._cpu_backstop())
             self._runs += 1
             run = _Run(self._runs)
             try:
@@ -415,7 +442,10 @@ class CodeSandbox:
                     type="HostError",
                     message=f"the host failed while serving the run ({type(exc).__name__}); {LOST}",
                 )
-            return await self._finish(guest, run, warnings)
+            result = await self._finish(guest, run, warnings)
+            if self._guest is guest and guest.alive:
+                self._watch_idle(guest)
+            return result
 
     async def _finish(self, guest: Guest, run: _Run, warnings: list[str]) -> CodeResult:
         done = run.done
@@ -478,6 +508,7 @@ class CodeSandbox:
         cancel whatever of it is still in flight (each call records that it was)."""
         broken: Exception | None = None
         async with anyio.create_task_group() as tg:
+            run.stop = tg.cancel_scope
             tg.start_soon(self._clock, guest, run)
             try:
                 await self._serve(guest, run, tg)
@@ -557,21 +588,36 @@ class CodeSandbox:
         return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
 
     async def _clock(self, guest: Guest, run: _Run) -> None:
-        """Count sandbox time (none while a tool call is in flight); kill at the limit."""
+        """Count the run's time and stop it at ``code_timeout``: wall time while no call
+        is in flight, the guest's own CPU time while one is (computing meanwhile counts;
+        waiting does not). Where the CPU time cannot be read, wall time counts."""
         budget = self._limits.code_timeout
+        meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
         used = 0.0
         last = anyio.current_time()
+        last_cpu = meter.read()
         while True:
             await anyio.sleep(_TICK)
             now = anyio.current_time()
-            if run.inflight == 0:
-                used += now - last
-            last = now
+            cpu = meter.read()
+            wall = now - last
+            if cpu is None or last_cpu is None:
+                spent = wall
+            else:
+                spent = max(0.0, cpu - last_cpu)
+                if run.inflight == 0:
+                    spent = max(spent, wall)
+            used += spent
+            last, last_cpu = now, cpu
             if used > budget:
                 run.failure = limit_error(
-                    "code_timeout", f"the code ran for more than {budget:g} s of sandbox time"
+                    "code_timeout",
+                    f"the code ran for more than {budget:g} s of sandbox time "
+                    "(the guest's own time; waiting on tools does not count)",
                 )
                 guest.kill("code_timeout")
+                if run.stop is not None:
+                    run.stop.cancel()  # the calls still in flight: cut short, recorded
                 return
 
     async def _tool_call(
@@ -644,10 +690,44 @@ class CodeSandbox:
             logger.exception("tool call %s from agent code failed inside the host", tool)
             return None, HostError(f"the host failed to run {tool}: {type(exc).__name__}")
 
+    # -- between runs ------------------------------------------------------------------
+
+    def _watch_idle(self, guest: Guest) -> None:
+        scope = anyio.CancelScope()
+        self._idle = scope
+        self._tg.start_soon(self._idle_watch, guest, scope)
+
+    def _stop_idle_watch(self) -> None:
+        scope, self._idle = self._idle, None
+        if scope is not None:
+            scope.cancel()
+
+    async def _idle_watch(self, guest: Guest, scope: anyio.CancelScope) -> None:
+        """Between runs the guest has nothing to compute but its idle imports: one that
+        keeps computing (code still at work after a ``done`` frame it forged) is killed
+        once it has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU."""
+        budget = self._limits.code_timeout + _WARM_UP
+        meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
+        start = meter.read()
+        if start is None:
+            return  # no /proc here: the next run's clock is the only one
+        with scope:
+            while guest.alive:
+                await anyio.sleep(_IDLE_TICK)
+                used = meter.read()
+                if used is not None and used - start > budget and guest.alive:
+                    self._lost_why = (
+                        f"it kept computing after its run had ended ({budget:g} s of CPU time)"
+                    )
+                    self._events.emit("sandbox_reset", self._session, reason=self._lost_why)
+                    guest.kill(self._lost_why)
+                    return
+
     async def retool(self, tools: Mapping[str, ToolSpec]) -> None:
         """Serve new tool files: the sandbox (and its spare) is replaced; the next run
         is told that the variables of earlier runs were lost."""
         async with self._lock:
+            self._stop_idle_watch()
             self._tools = tools
             spare, self._spare = self._spare, None
             if spare is not None:
@@ -663,6 +743,7 @@ class CodeSandbox:
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:
+            self._stop_idle_watch()
             await self._discard("reset_code")
             self._lost = False
             self._lost_why = None
@@ -670,6 +751,7 @@ class CodeSandbox:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._stop_idle_watch()
         self._unsubscribe()
         spare, self._spare = self._spare, None
         if spare is not None and spare.guest is not None:

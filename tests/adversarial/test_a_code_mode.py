@@ -8,17 +8,21 @@ process gone or still serving, the next run.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
+import psutil
 import pytest
 
 from host import Host
+from tests.fixtures.e2e.helpers import wait_gone, wait_until
 from tests.test_wasm import wasm_prepared
 
-from ._code import KINDS, ok, project
+from ._code import KINDS, TOOLS, guest_pid, ok, policy, project
 
 pytestmark = pytest.mark.anyio
 __all__ = ["wasm_prepared"]  # the session fixture, used by project() for the Wasm kind
@@ -28,6 +32,76 @@ MakeProject = Callable[..., Path]
 
 def calls_of(result: Any) -> list[tuple[str, str | None, bool, str | None]]:
     return [(c.tool, c.decision, c.ok, c.error) for c in result.calls]
+
+
+# -- finding 6: computing while a call is pending counts against code_timeout -------------
+
+
+SPIN_WITH_A_CALL_PENDING = """
+    import asyncio
+    pending = asyncio.create_task(gate({path!r}))
+    await asyncio.sleep(0.2)  # the call is in flight now
+    {spin}
+"""
+
+SPIN = {
+    "loop": "while True:\n        pass",
+    # In the fallback, a child process computes while the guest itself sleeps: the
+    # child's CPU time is the guest's. (Without a fork, as an unprivileged user, the
+    # guest computes itself.)
+    "child": (
+        "import os, time\n    try:\n        child = os.fork()\n    except OSError:\n"
+        "        child = 0\n    if child == 0:\n        while True:\n            pass\n"
+        "    time.sleep(3600)"
+    ),
+}
+
+
+def group(leader: int) -> list[int]:
+    """The living processes of ``leader``'s process group (a guest leads its own)."""
+    found: list[int] = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == leader and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("spin", ["loop", "child"])
+async def test_computing_while_a_call_is_pending_counts(
+    make_project: MakeProject,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    kind: str,
+    spin: str,
+) -> None:
+    if spin == "child" and kind == "wasm":
+        pytest.skip("a Wasm guest cannot start processes")
+    proj = project(make_project, kind, request)
+    door = tmp_path / "door"
+    code = textwrap.dedent(SPIN_WITH_A_CALL_PENDING.format(path=str(door), spin=SPIN[spin]))
+    async with Host.open(proj, limits={"code_timeout": "1s"}) as host:
+        assert ok(await host.run_code("x = 1\nawait slow(1.5)")) == 1.5  # waiting: not counted
+        pid = guest_pid(host)
+        try:
+            # The gate never opens while the run lasts: before, the sandbox's clock stood
+            # still while the call was pending and the spin ran until this deadline.
+            with anyio.fail_after(60):
+                result = await host.run_code(code)
+        finally:
+            door.touch()
+        assert result.error is not None
+        error = result.error
+        assert (error.kind, error.limit) == ("limit_exceeded", "code_timeout"), error
+        assert calls_of(result) == [("gate", "allow", False, "cancelled")]
+        await wait_gone([pid], timeout=10)  # the guest is killed, and any child of it
+        await wait_until(lambda: not group(pid), timeout=10, what="the guest's children")
+        assert ok(await host.run_code("'x' in globals()")) is False  # a fresh sandbox
+        assert ok(await host.run_code("await add(2, 3)")) == 5
+        assert await host.call("add", 1, 1) == 2  # the tool capsule serves on
 
 
 # -- finding 8: the result lists every call that was made, whatever stopped the run -------
@@ -95,3 +169,32 @@ async def test_calls_in_flight_when_the_sandbox_dies_are_listed(
             ("gate", "allow", False, "cancelled"),
         ]
         assert ok(await host.run_code("await add(2, 2)")) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+async def test_a_long_lived_fallback_sandbox_is_not_ended_by_its_total_cpu_time(
+    make_project: MakeProject,
+) -> None:
+    """The fallback's RLIMIT_CPU counts the child's whole life; the host moves it up before
+    each run, so a session whose runs each stay within code_timeout keeps its sandbox
+    (before, it died with SIGXCPU once all its runs together passed code_timeout + 5 s)."""
+    proj = make_project(tools=TOOLS, policy=policy("subprocess"))
+    code = """
+        import asyncio, time
+        pending = asyncio.create_task(slow(30))
+        await asyncio.sleep(0.05)  # in flight: from here only CPU time counts
+        start = time.process_time()
+        while time.process_time() - start < 0.5:
+            pass
+        pending.cancel()
+        runs += 1
+    """
+    async with Host.open(proj, limits={"code_timeout": "1s"}) as host:
+        assert ok(await host.run_code("runs = 0")) is None
+        pid = guest_pid(host)
+        for _ in range(14):  # 7 s of CPU in all: more than the 6 s the child had for life
+            result = await host.run_code(textwrap.dedent(code))
+            assert result.ok, result.error
+        assert ok(await host.run_code("runs")) == 14
+        assert guest_pid(host) == pid

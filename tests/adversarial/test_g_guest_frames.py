@@ -174,6 +174,25 @@ async def test_a_forged_done_then_frames_between_runs(
         assert await host.call("count") == 1  # neither stale call ran
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+async def test_code_still_computing_after_a_forged_done_is_stopped(
+    make_project: MakeProject, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """After a forged ``done`` the code computes on, outside any run: the host kills the
+    guest once it has used ``code_timeout`` plus 5 s of CPU between runs."""
+    proj = project(make_project, kind, request)
+    code = done(value="'forged'") + "while True:\n    pass"
+    async with Host.open(proj, limits={"code_timeout": "1s"}) as host:
+        assert ok(await host.run_code("kept = 1")) is None
+        pid = guest_pid(host)
+        assert ok(await host.run_code(code)) == "forged"
+        await wait_gone([pid], timeout=90)
+        after = await host.run_code("await add(2, 2)")
+        assert ok(after) == 4
+        assert any("kept computing" in w for w in after.warnings), after.warnings
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_exec_json_prints_json_for_a_forged_frame(
     make_project: MakeProject, request: pytest.FixtureRequest, kind: str
