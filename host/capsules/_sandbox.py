@@ -194,7 +194,8 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
-        self._idle: anyio.CancelScope | None = None
+        self._idle: tuple[Guest, anyio.CancelScope] | None = None
+        """The current guest and the scope of its watch between runs (one per guest)."""
         self._lost_why: str | None = None
         """Why the sandbox was replaced between runs, when the host knows."""
         self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
@@ -346,6 +347,7 @@ class CodeSandbox:
             )
 
     async def _discard(self, reason: str) -> None:
+        self._stop_idle_watch()
         guest, self._guest = self._guest, None
         if guest is None:
             return
@@ -398,7 +400,6 @@ class CodeSandbox:
         async with self._lock:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
-            self._stop_idle_watch()
             warnings: list[str] = []
             guest = self._guest
             if guest is not None and guest.alive and guest.has_output():
@@ -595,7 +596,7 @@ class CodeSandbox:
         meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
         used = 0.0
         last = anyio.current_time()
-        last_cpu = meter.read()
+        last_cpu: float | None = None  # read from the first tick on: most runs end before
         while True:
             await anyio.sleep(_TICK)
             now = anyio.current_time()
@@ -693,29 +694,41 @@ class CodeSandbox:
     # -- between runs ------------------------------------------------------------------
 
     def _watch_idle(self, guest: Guest) -> None:
+        """Watch ``guest`` between its runs from now on (once per guest)."""
+        if self._idle is not None and self._idle[0] is guest:
+            return
+        self._stop_idle_watch()
         scope = anyio.CancelScope()
-        self._idle = scope
+        self._idle = (guest, scope)
         self._tg.start_soon(self._idle_watch, guest, scope)
 
     def _stop_idle_watch(self) -> None:
-        scope, self._idle = self._idle, None
-        if scope is not None:
-            scope.cancel()
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle[1].cancel()
 
     async def _idle_watch(self, guest: Guest, scope: anyio.CancelScope) -> None:
         """Between runs the guest has nothing to compute but its idle imports: one that
         keeps computing (code still at work after a ``done`` frame it forged) is killed
-        once it has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU."""
+        once it has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU in one
+        idle period (counted from the first look after a run, at most a tick late)."""
         budget = self._limits.code_timeout + _WARM_UP
         meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
-        start = meter.read()
-        if start is None:
-            return  # no /proc here: the next run's clock is the only one
+        period = -1
+        start = 0.0
         with scope:
             while guest.alive:
                 await anyio.sleep(_IDLE_TICK)
+                if self._lock.locked():  # a run (whose clock counts), or a replacement
+                    period = -1
+                    continue
                 used = meter.read()
-                if used is not None and used - start > budget and guest.alive:
+                if used is None:
+                    return  # no /proc here: the next run's clock is the only one
+                if period != self._runs:  # a new idle period: it counts from here
+                    period, start = self._runs, used
+                    continue
+                if used - start > budget and guest.alive:
                     self._lost_why = (
                         f"it kept computing after its run had ended ({budget:g} s of CPU time)"
                     )
@@ -727,7 +740,6 @@ class CodeSandbox:
         """Serve new tool files: the sandbox (and its spare) is replaced; the next run
         is told that the variables of earlier runs were lost."""
         async with self._lock:
-            self._stop_idle_watch()
             self._tools = tools
             spare, self._spare = self._spare, None
             if spare is not None:
@@ -743,7 +755,6 @@ class CodeSandbox:
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:
-            self._stop_idle_watch()
             await self._discard("reset_code")
             self._lost = False
             self._lost_why = None
@@ -751,7 +762,6 @@ class CodeSandbox:
 
     async def aclose(self) -> None:
         self._closed = True
-        self._stop_idle_watch()
         self._unsubscribe()
         spare, self._spare = self._spare, None
         if spare is not None and spare.guest is not None:
