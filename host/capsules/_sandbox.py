@@ -17,7 +17,7 @@ here. ``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in t
 fallback). ``code_max_output`` caps captured output and the run's value (``check_done``).
 A run that hits one fails with ``LimitExceeded`` naming it; the guest is killed (never
 abandoned), the calls it had in flight are cancelled, and the next run is told its
-variables were lost.
+variables were lost. The source itself may take ``max_argument_size`` bytes.
 
 The guest is treated as hostile: agent code can write to the protocol pipe itself. Every
 frame is checked here (types, ids, sizes); one that breaks the rules ends the run with a
@@ -84,6 +84,8 @@ _IDLE_TICK = 0.5
 _WARM_UP = 5.0
 """CPU seconds a guest may use between runs on top of ``code_timeout``: its imports while
 idle (``asyncio`` takes about half a second in the unoptimised build)."""
+_MAX_SOURCE = p.MAX_FRAME - 64 * 1024
+"""Bytes of source the guest can take in one frame (its cap, less the envelope)."""
 _FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
 """Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
 
@@ -400,6 +402,9 @@ class CodeSandbox:
         async with self._lock:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
+            refused = self._check_source(source)
+            if refused is not None:  # nothing was sent: the sandbox and its variables stay
+                return CodeResult(ok=False, error=refused, sandbox=self.kind)
             warnings: list[str] = []
             guest = self._guest
             if guest is not None and guest.alive and guest.has_output():
@@ -447,6 +452,34 @@ class CodeSandbox:
             if self._guest is guest and guest.alive:
                 self._watch_idle(guest)
             return result
+
+    def _check_source(self, source: str) -> CodeError | None:
+        """Why ``source`` cannot be sent to the guest, if it cannot."""
+        try:
+            size = len(source.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            return CodeError(
+                kind="invalid_arguments",
+                type="InvalidArguments",
+                message=(
+                    f"the source code is not valid Unicode text: {exc.reason} at character "
+                    f"{exc.start} ({source[exc.start : exc.start + 1]!r}); pass it as UTF-8 "
+                    "text (lone surrogates come from bytes decoded with 'surrogateescape')"
+                ),
+            )
+        cap = min(self._limits.max_argument_size, _MAX_SOURCE)
+        if size > cap:
+            return CodeError(
+                kind="limit_exceeded",
+                type="LimitExceeded",
+                message=(
+                    f"limit max_argument_size exceeded: the source code takes {size} bytes, "
+                    f"over the limit of {cap}; it did not run, and the sandbox keeps its "
+                    "variables: send the code in smaller runs, or the data through a tool"
+                ),
+                limit="max_argument_size",
+            )
+        return None
 
     async def _finish(self, guest: Guest, run: _Run, warnings: list[str]) -> CodeResult:
         done = run.done

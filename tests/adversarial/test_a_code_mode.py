@@ -171,6 +171,39 @@ async def test_calls_in_flight_when_the_sandbox_dies_are_listed(
         assert ok(await host.run_code("await add(2, 2)")) == 4
 
 
+# -- finding 9 (part): asyncio's task-bound helpers at the top level of a run -------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_timeouts_and_task_groups_work_at_the_top_level(
+    make_project: MakeProject, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """A run stepped by hand has no task of its own; ``wait_for``, ``asyncio.timeout`` and
+    ``TaskGroup`` ask for one (before, an ``AttributeError ... 'cancelling'``)."""
+    proj = project(make_project, kind, request)
+    async with Host.open(proj) as host:
+        assert ok(await host.run_code("kept = 'yes'")) is None
+        for code in (
+            "await asyncio.wait_for(slow(30), 0.3)",
+            "async with asyncio.timeout(0.3):\n    await slow(30)",
+            "x = await add(1, 1)\nawait asyncio.wait_for(slow(30), 0.3)",
+        ):
+            result = await host.run_code(code)
+            assert result.error is not None and result.error.type == "TimeoutError", code
+            assert ("slow", "allow", False, "cancelled") in calls_of(result), code
+        grouped = (
+            "async with asyncio.TaskGroup() as tg:\n"
+            "    a = tg.create_task(add(1, 2))\n"
+            "    b = tg.create_task(add(3, 4))\n"
+            "[a.result(), b.result(), asyncio.current_task() is not None]"
+        )
+        assert ok(await host.run_code(grouped)) == [3, 7, True]
+        # A run that asks for its task and then ends without the loop leaves nothing behind.
+        assert ok(await host.run_code("t = asyncio.current_task()\n1")) == 1
+        assert ok(await host.run_code("[t.cancelled(), kept]")) == [True, "yes"]
+        assert ok(await host.run_code("await add(5, 5)")) == 10
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 async def test_a_long_lived_fallback_sandbox_is_not_ended_by_its_total_cpu_time(
