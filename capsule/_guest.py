@@ -290,6 +290,33 @@ async def _adopt(coro: Coroutine[Any, Any, Any], pending: object) -> Any:
     return await _Adopt(coro, pending)
 
 
+async def _adopt_later(coro: Coroutine[Any, Any, Any], pending: list[object]) -> Any:
+    """:func:`_adopt` for a run's task made before its hand-over (``pending[0]`` is set
+    then: see :meth:`Sandbox.run_task`)."""
+    return await _Adopt(coro, pending[0])
+
+
+def _lend_tasks(asyncio: Any) -> None:
+    """Make ``asyncio.current_task()`` answer for a run stepped by hand.
+
+    Such a run has no task (the driver steps its coroutine itself), so ``asyncio.timeout``,
+    ``wait_for`` and ``TaskGroup``, which ask for the current task, would fail. Asked while
+    a run is stepped by hand, the sandbox makes the run's task then (:meth:`Sandbox.run_task`)
+    and the rest of the run goes on in it, on the loop.
+    """
+    real = asyncio.tasks.current_task
+
+    def current_task(loop: Any = None) -> Any:
+        task = real(loop)
+        asked = loop is None or loop is _SANDBOX.loop
+        if task is None and _SANDBOX.stepping is not None and asked:
+            task = _SANDBOX.run_task()
+        return task
+
+    asyncio.tasks.current_task = current_task
+    asyncio.current_task = current_task
+
+
 class Tool:
     """A tool as a global: calling it returns an awaitable :class:`ToolCall`."""
 
@@ -416,6 +443,42 @@ def _text(obj: object) -> str:
     except BaseException as exc:
         text = f"<unprintable: {type(exc).__name__}>"
     return text[:_MAX_TEXT]
+
+
+_NOT_UNICODE = (
+    "the value holds text that is not valid Unicode (a lone surrogate), "
+    "so its repr is shown, with the surrogates escaped"
+)
+
+
+def _valid(text: str) -> str:
+    """``text`` with lone surrogates (which UTF-8 cannot carry) as ``\\udXXX`` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _valid_done(done: dict[str, Any], max_output: int) -> dict[str, Any]:
+    """A ``done`` frame that would not encode (text holding lone surrogates: in a print,
+    an error message, the value), with every text made valid, and the value shown as its
+    repr (escaped) with a warning if it was the culprit."""
+    value = done["value"]
+    warnings = [_valid(w) for w in done["warnings"]]
+    try:
+        _wire.encode(value)
+    except (ValueError, TypeError, OverflowError):
+        value = _valid(_text(repr(value)))
+        if len(value) > max_output:
+            value = None
+        warnings.append(_NOT_UNICODE)
+    error = done["error"]
+    if error is not None:
+        error = {k: _valid(v) if type(v) is str else v for k, v in error.items()}
+    return {
+        **done,
+        "value": value,
+        "stdout": _valid(done["stdout"]),
+        "error": error,
+        "warnings": warnings,
+    }
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -613,6 +676,11 @@ class Sandbox:
         self._warm = list(_WARM_UP)
         self._hook: _WhenAsyncio | None = None
         self.loop_mode = False
+        self.stepping: Coroutine[Any, Any, Any] | None = None
+        """The run's coroutine while :meth:`_drive` steps it by hand."""
+        self._task: tuple[Any, Any, list[object]] | None = None
+        """The run's task made while it is stepped by hand (:meth:`run_task`): the task,
+        its first step (held back), and the step the hand-over leaves pending."""
         self.max_output = 1024 * 1024
         self.max_argument = 4 * 1024 * 1024
         self.namespace: dict[str, Any] = {}
@@ -707,7 +775,47 @@ class Sandbox:
             if self._loop is None:  # importing asyncio may have made it (_asyncio_imported)
                 self._loop = _wasi.new_event_loop()
                 asyncio.set_event_loop(self._loop)
+                _lend_tasks(asyncio)
         return self._loop
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def run_task(self) -> Any:
+        """The task of the run stepped by hand, made now (something asked for the current
+        task): current from now on, its first step held back until the hand-over, where
+        it takes the run over (:meth:`_hand_over`); dropped if the run ends by hand."""
+        import asyncio
+
+        loop: Any = self._event_loop()
+        ready: Any = loop._ready  # the stock loop's queue of callbacks
+        pending: list[object] = [None]
+        coro = self.stepping
+        assert coro is not None
+        wrapper = _adopt_later(coro, pending)
+        before = len(ready)
+        task = asyncio.Task(wrapper, loop=loop)  # not the loop's factory: no eager start
+        if len(ready) != before + 1:  # not a stock loop: nothing to hold back
+            wrapper.close()
+            return None
+        step: Any = ready.pop()
+        asyncio.tasks._enter_task(loop, task)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+        self._task = (task, step, pending)
+        return task
+
+    def _drop_task(self) -> None:
+        """The run ended by hand: its task (never started) ends cancelled."""
+        held, self._task = self._task, None
+        if held is None:
+            return
+        import asyncio
+
+        task, step, _ = held
+        loop: Any = self._loop
+        asyncio.tasks._leave_task(loop, task)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+        task.cancel()
+        step._run()  # its first step: the wrapper is cancelled before it starts
 
     def _on_readable(self) -> None:
         """While the loop runs: answers to the calls waiting on futures."""
@@ -913,17 +1021,20 @@ class Sandbox:
         plain, note = self._plain(value) if ok else (None, None)
         if note:
             warnings.append(note)
-        self.send(
-            {
-                "k": K_DONE,
-                "id": run_id,
-                "ok": ok,
-                "value": plain,
-                "stdout": capture.text(),
-                "error": error,
-                "warnings": warnings,
-            }
-        )
+        done = {
+            "k": K_DONE,
+            "id": run_id,
+            "ok": ok,
+            "value": plain,
+            "stdout": capture.text(),
+            "error": error,
+            "warnings": warnings,
+        }
+        try:
+            body = _wire.encode(done)
+        except (ValueError, TypeError, OverflowError):  # lone surrogates: no UTF-8 for them
+            body = _wire.encode(_valid_done(done, self.max_output))
+        self._write(body)
 
     def _compile(self, source: str, filename: str) -> tuple[Any, Any]:
         """(statements, last expression or None) compiled, top-level ``await`` allowed."""
@@ -977,6 +1088,8 @@ class Sandbox:
             import asyncio
 
             asyncio.events._set_running_loop(loop)  # pyright: ignore[reportPrivateUsage]
+        self.stepping = coro
+        handed = False
         try:
             value: Any = None
             error: BaseException | None = None
@@ -997,7 +1110,11 @@ class Sandbox:
                     raise
                 except BaseException as exc:  # the call's error, raised where it was awaited
                     error = exc
+            handed = True
         finally:
+            self.stepping = None
+            if not handed:
+                self._drop_task()
             if self._loop is not None:  # also when the run itself imported asyncio
                 import asyncio
 
@@ -1014,10 +1131,21 @@ class Sandbox:
 
     def _hand_over(self, coro: Coroutine[Any, Any, Any], step: object) -> Any:
         loop = self._event_loop()
+        held, self._task = self._task, None
         self.loop_mode = True
         loop.add_reader(self._in, self._on_readable)
         try:
-            return loop.run_until_complete(_adopt(coro, step))
+            if held is None:
+                return loop.run_until_complete(_adopt(coro, step))
+            # The run already has its task (something asked for it): it goes on there.
+            import asyncio
+
+            task, first, pending = held
+            pending[0] = step
+            asyncio.tasks._leave_task(loop, task)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+            stock: Any = loop
+            stock._ready.appendleft(first)  # its first step, first: it takes the run over
+            return loop.run_until_complete(task)
         finally:
             loop.remove_reader(self._in)
             self.loop_mode = False
@@ -1061,12 +1189,21 @@ class Sandbox:
                 text = _text(repr(value))
             except BaseException as error:  # a hostile or huge object: its repr fails
                 text = f"<unrepresentable: {type(error).__name__}>"
+            if len(text) > self.max_output:
+                return self._big()
             return text, (
                 f"the value is a {exc.type_name}, which is not plain data; its repr is shown"
             )
         except BaseException as exc:  # a hostile object: never let it escape
             return None, f"the value could not be converted: {type(exc).__name__}"
-        if len(_wire.encode(plain)) > self.max_output:
+        try:
+            size = len(_wire.encode(plain))
+        except (ValueError, TypeError, OverflowError):  # lone surrogates in its text
+            text = _valid(_text(repr(value)))
+            if len(text) > self.max_output:
+                return self._big()
+            return text, _NOT_UNICODE
+        if size > self.max_output:
             return self._big()
         return plain, None
 

@@ -202,7 +202,7 @@ async def test_no_answer_in_time_is_a_timeout(desk: Callable[..., Desk], capsule
     d = desk(timeout="0.3s")
 
     async def slow(request: ApprovalRequest) -> bool:
-        await anyio.sleep(30)  # would approve, far too late
+        await anyio.sleep_forever()  # never answers (would approve, far too late)
         return True
 
     async with d.open(slow, capsule=capsule) as host:
@@ -564,7 +564,12 @@ async def test_identical_requests_are_asked_once(desk: Callable[..., Desk]) -> N
         for _ in range(3):
             tg.start_soon(host.call, "launch", "same")
         await wait_for(lambda: len(gate.requests) == 1, "one request")
-        await anyio.sleep(0.1)
+        # The other two joined it: they wait on the open request's answer.
+        opened: Any = host.mediator.escalations._open  # pyright: ignore[reportPrivateUsage]
+        await wait_for(
+            lambda: [e.done.statistics().tasks_waiting for e in opened.values()] == [2],
+            "two calls joined to the open request",
+        )
         assert host.mediator.escalations.open_requests(host.default_session.id) == 1
         gate.release.set()
     assert len(gate.requests) == 1

@@ -7,6 +7,7 @@ Every test here starts real ``python -m capsule`` processes on the lab project
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio
 import psutil
@@ -14,7 +15,14 @@ import pytest
 
 from host import Host, LimitExceeded, NotSerializable, ToolError
 
-from .fixtures.e2e.helpers import LAB, Recorder, capsule_pids, policy, wait_until
+from .fixtures.e2e.helpers import (
+    LAB,
+    Recorder,
+    calls_in_flight,
+    capsule_pids,
+    policy,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -64,7 +72,9 @@ async def test_a_slow_sync_tool_does_not_stall_a_fast_call() -> None:
             slow_done.set()
 
         tg.start_soon(slow)
-        await anyio.sleep(0.3)  # let the blocking call reach its worker thread
+        # Handed to the capsule first: it reads its frames in order, so the blocking call
+        # is on its worker thread before the calls below are read.
+        await wait_until(lambda: calls_in_flight(host) == 1, what="the blocking call sent")
         start = time.monotonic()
         assert await host.call("quick") == "quick"
         assert await host.call("block", 0.01) == 0.01
@@ -233,7 +243,15 @@ async def test_a_flood_of_output_is_dropped_and_the_host_stays_small() -> None:
         start = time.monotonic()
         assert await host.call("flood", 25) == 25  # 25 MB to stdout and 25 MB to stderr
         await wait_until(lambda: recorder.of("console_dropped"), what="console_dropped")
-        await anyio.sleep(0.5)  # let the stderr drain catch up
+        # Every byte written is accounted for, delivered or dropped: the drain caught up.
+        gate: Any = host.default_session.supervisor.transport._gate  # pyright: ignore
+        written = 2 * 25 * 16 * ((1 << 16) + 1)  # flood(25): both streams
+
+        def accounted() -> int:
+            delivered = sum(len(e.data["data"]) for e in recorder.of("console"))
+            return delivered + gate._total  # every byte dropped so far
+
+        await wait_until(lambda: accounted() >= written, what="the stderr drain to catch up")
         elapsed = time.monotonic() - start
         grown = me.memory_info().rss - before
         delivered = sum(len(e.data["data"]) for e in recorder.of("console"))

@@ -355,10 +355,12 @@ async def test_a_compromised_sandbox_gets_only_typed_errors(
             assert result.error.kind in ("protocol_error", "limit_exceeded"), (name, result.error)
             assert "were lost" in result.error.message, name
             assert (await host.run_code("await add(5, 5)")).value == 10, name
-        # A use frame for a run that is over is dropped: nothing answers, nothing runs.
+        # A use frame for a run that is over is forged: nothing runs, the sandbox is ended.
         stale = await host.run_code(
             prelude + "os.write(1, frame({'k': 'use', 'id': 7, 'run': 0, 'tool': 'add', "
             "'args': [1, 2], 'kwargs': {}}))\n'still here'"
         )
-        assert stale.ok and stale.value == "still here" and stale.calls == []
+        assert stale.error is not None and stale.error.kind == "protocol_error"
+        assert stale.calls == []
+        assert (await host.run_code("await add(5, 5)")).value == 10
         canaries.check(*results, stale)

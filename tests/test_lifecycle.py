@@ -19,9 +19,11 @@ from .fixtures.e2e.helpers import (
     LAB,
     Recorder,
     alive,
+    calls_in_flight,
     capsule_pids,
     sigkill_host_script,
     wait_gone,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.subprocess]
@@ -42,7 +44,7 @@ async def test_closing_the_host_fails_calls_in_flight_and_returns_promptly() -> 
             pids = capsule_pids(host)
             tg.start_soon(pending, host, "nap", 60)
             tg.start_soon(pending, host, "block", 60)
-            await anyio.sleep(0.5)
+            await wait_until(lambda: calls_in_flight(host) == 2, what="both calls sent")
         closed = time.monotonic() - start
     assert closed < 10, f"closing took {closed:.1f} s"
     assert len(failures) == 2

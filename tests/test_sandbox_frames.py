@@ -79,7 +79,8 @@ async def test_eof_or_close_mid_wait_returns_none(ending: str) -> None:
                 results.append(await guest.next())
 
             tg.start_soon(read)
-            await anyio.sleep(0.01)
+            with anyio.fail_after(10):
+                await anyio.wait_all_tasks_blocked()  # the reader waits on the pipe now
             if ending == "eof":
                 os.write(write, p.frame({"k": "done"})[:3])  # half a header, then EOF
                 os.close(write)

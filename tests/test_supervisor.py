@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -19,7 +20,16 @@ from host import (
     ToolUnavailable,
 )
 
-from .fixtures.e2e.helpers import LAB, Recorder, alive, capsule_pids, policy, wait_gone
+from .fixtures.e2e.helpers import (
+    LAB,
+    Recorder,
+    alive,
+    calls_in_flight,
+    capsule_pids,
+    policy,
+    wait_gone,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -63,7 +73,7 @@ async def test_other_calls_in_flight_fail_when_a_call_times_out() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "hang")
-            await anyio.sleep(1.0)
+            await wait_until(lambda: calls_in_flight(host) == 1, what="hang in the capsule")
             tg.start_soon(run, "nap", 100)
         assert isinstance(outcomes["hang"], ToolTimeout)
         assert isinstance(outcomes["nap"], CapsuleCrashed)
@@ -92,7 +102,7 @@ async def test_a_crash_fails_every_call_in_flight(tool: str) -> None:
             for _ in range(5):
                 tg.start_soon(doomed, "nap", 60)
             tg.start_soon(doomed, "block", 60)
-            await anyio.sleep(0.5)  # every call is in the capsule now
+            await wait_until(lambda: calls_in_flight(host) == 6, what="six calls in the capsule")
             tg.start_soon(doomed, tool)
         assert time.monotonic() - start < 15, "a crash must fail calls promptly"
         assert len(failures) == 7
@@ -121,14 +131,17 @@ async def test_a_crash_looping_tool_becomes_unavailable_then_retries() -> None:
         assert time.monotonic() - start < 0.5, "an unavailable tool fails fast"
         assert "crashed 3 times" in info.value.reason
         assert recorder.of("capsule_unavailable")
-        await anyio.sleep(1.0)
+        await anyio.sleep(1.0)  # a window to measure CPU in, not a wait for another task
         with pytest.raises(ToolUnavailable):
             await host.call("bump")
         assert sum(me.cpu_times()[:2]) - cpu < 0.5, "no busy loop while unavailable"
         assert len(recorder.of("capsule_started")) == started
         capsules = [c for c in me.children() if "_journal.py" not in " ".join(c.cmdline())]
         assert not capsules, "no capsule runs while the circuit is open (the audit writer may)"
-        await anyio.sleep(1.5)  # unavailable_for = 2 s
+        supervisor: Any = host.default_session.supervisor
+        await wait_until(
+            lambda: time.monotonic() >= supervisor._open_until, what="the circuit to close"
+        )
         assert await host.call("bump") == 1
         assert len(recorder.of("capsule_started")) == started + 1
 

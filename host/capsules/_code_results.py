@@ -1,12 +1,13 @@
 """What ``run_code`` returns: :class:`CodeResult`, its :class:`CodeCall` records and its
 :class:`CodeError`, and the helpers that build them from what the host saw (a limit hit,
-the mediator's decision) and from what the guest reported (the fields of its ``done``
-frame, checked and capped).
+the mediator's decision) and from what the guest reported (:func:`check_done`: the fields
+of its ``done`` frame, each checked and capped here, whatever the guest claims).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,9 @@ __all__ = [
     "SandboxKind",
     "LOST",
     "MAX_TEXT",
+    "MAX_WARNINGS",
+    "Done",
+    "check_done",
     "limit_error",
     "decision_of",
     "guest_error",
@@ -33,6 +37,10 @@ SandboxKind = Literal["wasm", "subprocess"]
 MAX_TEXT = 64 * 1024
 """Characters kept of a text field the guest sends (unless the field has its own cap)."""
 LOST = "the sandbox was restarted: variables and imports of earlier runs were lost"
+MAX_WARNINGS = 60
+"""Warnings kept of one ``done`` frame (the guest sends at most 51)."""
+_MAX_WARNING = 1000
+"""Characters kept of one warning."""
 
 
 class _Model(BaseModel):
@@ -95,12 +103,15 @@ def limit_error(limit: str, message: str) -> CodeError:
 
 
 def decision_of(
-    exc: HostError | None, decided: list[str]
+    exc: HostError | None, decided: list[str], *, cancelled: bool = False
 ) -> Literal["allow", "deny", "escalate"] | None:
-    """The mediator's decision (from its event), else what the outcome implies."""
+    """The mediator's decision (from its event), else what the outcome implies; for a
+    call cancelled before an outcome (``cancelled``), None unless it was decided."""
     for decision in decided:
         if decision == "allow" or decision == "deny" or decision == "escalate":
             return decision
+    if cancelled:
+        return None
     if exc is None:
         return "allow"
     if isinstance(exc, PolicyDenied):
@@ -112,8 +123,9 @@ def decision_of(
     return "allow"
 
 
-def frame_str(msg: Mapping[str, Any], key: str, cap: int = MAX_TEXT) -> str:
-    """``msg[key]``, a string (or absent or None: empty), at most ``cap`` characters.
+def frame_str(msg: Mapping[str, Any], key: str, cap: int | None = MAX_TEXT) -> str:
+    """``msg[key]``, a string (or absent or None: empty), at most ``cap`` characters
+    (``None``: all of it).
 
     Raises:
         p.BadFrame: it is not a string.
@@ -123,7 +135,7 @@ def frame_str(msg: Mapping[str, Any], key: str, cap: int = MAX_TEXT) -> str:
         return ""
     if not isinstance(value, str):
         raise p.BadFrame(f"{key!r} must be a string")
-    return value[:cap]
+    return value if cap is None else value[:cap]
 
 
 def guest_error(raw: Any) -> CodeError:
@@ -134,10 +146,87 @@ def guest_error(raw: Any) -> CodeError:
     """
     e = p.as_map(raw)
     limit = e.get("limit")
+    if limit is not None and type(limit) is not str:
+        raise p.BadFrame("'limit' must be a string")
     return CodeError(
         kind=frame_str(e, "kind", 64) or "exception",
         type=frame_str(e, "type", 200),
         message=frame_str(e, "message"),
         traceback=frame_str(e, "traceback"),
-        limit=limit if isinstance(limit, str) else None,
+        limit=limit[:64] if limit else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A run's end as the guest reported it, checked and within the host's limits."""
+
+    ok: bool
+    value: Any
+    stdout: str
+    error: CodeError | None
+    warnings: list[str]
+
+
+def _too_big(value: Any, cap: int) -> bool:
+    """Whether the run's value is over ``code_max_output``, measured as the guest does:
+    characters of a string, bytes of anything else encoded."""
+    if isinstance(value, str):
+        return len(value) > cap
+    if isinstance(value, bytes):
+        return len(value) > cap
+    if isinstance(value, (list, dict)):
+        return len(p.encode(value)) > cap
+    return False  # a scalar
+
+
+def check_done(msg: Mapping[str, Any], run_id: int, max_output: int) -> Done:
+    """The fields of a ``done`` frame, checked: the guest is not trusted to have kept
+    them in shape or within the limits, so each limit is enforced again here.
+
+    Over a limit: captured output is cut to ``max_output`` characters and the run fails
+    with ``code_max_output`` (as when the guest stops the output itself); a value over
+    ``max_output`` is dropped with a warning (as the guest drops it); warnings are cut to
+    :data:`MAX_WARNINGS` of 1,000 characters.
+
+    Raises:
+        p.BadFrame: a field has the wrong type, the value is not plain data, or the
+            frame ends another run.
+    """
+    if msg.get("id") != run_id or type(msg.get("id")) is not int:
+        raise p.BadFrame("a done frame for another run")
+    ok = msg.get("ok")
+    if type(ok) is not bool:
+        raise p.BadFrame("'ok' must be a bool")
+    value = msg.get("value")
+    p.check_plain(value)
+    stdout = frame_str(msg, "stdout", None)
+    raw_error = msg.get("error")
+    error = None if raw_error is None else guest_error(raw_error)
+    raw_warnings: Any = msg.get("warnings")
+    if raw_warnings is None:
+        raw_warnings = []
+    if not isinstance(raw_warnings, list):
+        raise p.BadFrame("'warnings' must be a list")
+    items: list[Any] = raw_warnings  # pyright: ignore[reportUnknownVariableType]
+    if any(type(item) is not str for item in items):
+        raise p.BadFrame("'warnings' must be a list of strings")
+    warnings: list[str] = [item[:_MAX_WARNING] for item in items[:MAX_WARNINGS]]
+    if len(items) > MAX_WARNINGS:
+        warnings.append(f"{len(items) - MAX_WARNINGS} more warnings were left out")
+    if len(stdout) > max_output:
+        stdout = stdout[:max_output]
+        if error is None or error.limit != "code_max_output":
+            error = CodeError(
+                kind="limit_exceeded",
+                type="LimitExceeded",
+                message=f"the run printed more than {max_output} characters",
+                limit="code_max_output",
+            )
+    ok = ok and error is None
+    if not ok:
+        value = None
+    elif _too_big(value, max_output):
+        value = None
+        warnings.append(f"the value is larger than {max_output} bytes; it is not returned")
+    return Done(ok=ok, value=value, stdout=stdout, error=error, warnings=warnings)

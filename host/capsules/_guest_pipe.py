@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 - the pipe reader of Guest, as in _pipes.py
 import contextlib
 import os
+import select
 from collections import deque
 from typing import Any
 
@@ -75,6 +76,18 @@ class Guest:
     @property
     def alive(self) -> bool:
         return self.killed is None and not self.closed and self.process.returncode is None
+
+    def has_output(self) -> bool:
+        """Whether the guest sent anything not yet taken as a frame, or closed its output
+        (between runs, where it has nothing to say). Never blocks."""
+        if self._ready or self._decoder.pending or self._ended:
+            return True
+        if self.closed:
+            return False
+        try:
+            return bool(select.select([self._rfd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     async def send(self, value: dict[str, Any]) -> None:
         body = self._pack(value)

@@ -9,11 +9,22 @@ and is made as caller ``agent`` through the session's full mediator. The host de
 everything from the frame alone: the tool name is looked up, the arguments are bound and
 checked, and nothing the sandbox claims (who it is, what was approved) counts.
 
-Limits (``[limits]``): ``code_timeout`` is sandbox time, measured here; time while a tool
-call is in flight (tools, approvals) does not count. ``code_max_calls`` is counted here.
-``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the fallback).
-``code_max_output`` caps captured output. A run that hits one fails with ``LimitExceeded``
-naming it; the sandbox is replaced, and the next run is told its variables were lost.
+Limits (``[limits]``), each enforced here, whatever the guest does or claims:
+``code_timeout`` is counted by :meth:`CodeSandbox._clock`: wall time while no tool call is
+in flight, and the guest's own CPU time (``_cpu.py``) while one is, so waiting on tools
+and approvals does not count but computing always does. ``code_max_calls`` is counted
+here. ``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the
+fallback). ``code_max_output`` caps captured output and the run's value (``check_done``).
+A run that hits one fails with ``LimitExceeded`` naming it; the guest is killed (never
+abandoned), the calls it had in flight are cancelled, and the next run is told its
+variables were lost. The source itself may take ``max_argument_size`` bytes.
+
+The guest is treated as hostile: agent code can write to the protocol pipe itself. Every
+frame is checked here (types, ids, sizes); one that breaks the rules ends the run with a
+``protocol_error`` and the sandbox with it. Between runs a guest has nothing to say and
+little to compute: one that sends anything is replaced before the next run, and one that
+keeps computing (code still running after a ``done`` frame it forged) is killed once it
+has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU.
 The replacement (also after ``reset_code``) boots in the background at once, so it is
 usually ready by the time the agent runs code again.
 
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -48,12 +60,13 @@ from ._code_results import (
     CodeCall,
     CodeError,
     CodeResult,
+    Done,
     SandboxKind,
+    check_done,
     decision_of,
-    frame_str,
-    guest_error,
     limit_error,
 )
+from ._cpu import CpuMeter, rearm_cpu_limit
 from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
 
@@ -66,6 +79,13 @@ AgentCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 _CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
 _GUEST_MAIN = "from capsule._guest import main; main()"
 _TICK = 0.05
+_IDLE_TICK = 0.5
+"""Seconds between two looks at the guest's CPU time between runs."""
+_WARM_UP = 5.0
+"""CPU seconds a guest may use between runs on top of ``code_timeout``: its imports while
+idle (``asyncio`` takes about half a second in the unoptimised build)."""
+_MAX_SOURCE = p.MAX_FRAME - 64 * 1024
+"""Bytes of source the guest can take in one frame (its cap, less the envelope)."""
 _FLAT: frozenset[type] = frozenset({str, int, float, bool, bytes, type(None)})
 """Exact types of values :func:`capsule.protocol.check_plain` accepts as they are."""
 
@@ -93,13 +113,17 @@ class _Run:
         self.id = run_id
         self.inflight = 0
         self.calls: list[_CallRecord] = []
-        """The calls made, as the fields of their :class:`CodeCall` (see :meth:`records`)."""
+        """Every call made, in the order the code made them, as the fields of its
+        :class:`CodeCall` (see :meth:`records`); each gets its slot when it is made and
+        its outcome when it ends, whatever ends the run."""
         self.made = 0
         self.scopes: dict[int, anyio.CancelScope] = {}
-        self.done: dict[str, Any] | None = None
+        self.done: Done | None = None
         self.failure: CodeError | None = None
         self.files: list[Attachment] = []
         """The files the run's calls returned (the code saw their values only)."""
+        self.stop: anyio.CancelScope | None = None
+        """Cancels everything the run is doing on the host's side (its calls too)."""
 
     def records(self) -> list[CodeCall]:
         """The calls as the result shows them, built once per distinct call (frozen)."""
@@ -172,6 +196,10 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
+        self._idle: tuple[Guest, anyio.CancelScope] | None = None
+        """The current guest and the scope of its watch between runs (one per guest)."""
+        self._lost_why: str | None = None
+        """Why the sandbox was replaced between runs, when the host knows."""
         self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
 
     @staticmethod
@@ -216,14 +244,20 @@ class CodeSandbox:
     async def _spawn_subprocess(self) -> tuple[anyio.abc.Process, int, int]:
         """The weaker fallback: a CPython child with rlimits and an empty environment."""
         memory = self._limits.code_memory + 128 * 1024 * 1024  # the interpreter's own share
-        cpu = int(self._limits.code_timeout) + 5
+        # CPU: a backstop for when the host is gone (it counts the guest's time itself);
+        # the soft limit moves up before each run (rearm_cpu_limit), the hard one stays.
+        cpu = self._cpu_backstop()
         bootstrap = (
             "import resource as r, sys\n"
-            f"for k, v in ((r.RLIMIT_AS, {memory}), (r.RLIMIT_CPU, {cpu}), "
+            f"for k, v in ((r.RLIMIT_AS, {memory}), "
             "(r.RLIMIT_NPROC, 0), (r.RLIMIT_NOFILE, 64), (r.RLIMIT_FSIZE, 0), "
             "(r.RLIMIT_CORE, 0)):\n"
             "    try: r.setrlimit(k, (v, v))\n"
             "    except (ValueError, OSError): pass\n"
+            "h = r.getrlimit(r.RLIMIT_CPU)[1]\n"
+            f"c = {cpu} if h == r.RLIM_INFINITY else min({cpu}, h)\n"
+            "try: r.setrlimit(r.RLIMIT_CPU, (c, h))\n"
+            "except (ValueError, OSError): pass\n"
             "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             f"sys.path.insert(0, {_CAPSULE_PARENT!r})\n"
             "from capsule._harden import drop_privileges; drop_privileges('sandbox')\n"
@@ -232,6 +266,11 @@ class CodeSandbox:
         return await spawn_piped(
             [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
         )
+
+    def _cpu_backstop(self) -> int:
+        """Seconds of CPU the fallback's RLIMIT_CPU allows beyond what it has used: a run,
+        the idle time after it, and a margin."""
+        return math.ceil(self._limits.code_timeout + _WARM_UP) + 5
 
     async def _start(self) -> Guest:
         try:
@@ -312,6 +351,7 @@ class CodeSandbox:
             )
 
     async def _discard(self, reason: str) -> None:
+        self._stop_idle_watch()
         guest, self._guest = self._guest, None
         if guest is None:
             return
@@ -364,7 +404,17 @@ class CodeSandbox:
         async with self._lock:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
+            refused = self._check_source(source)
+            if refused is not None:  # nothing was sent: the sandbox and its variables stay
+                return CodeResult(ok=False, error=refused, sandbox=self.kind)
             warnings: list[str] = []
+            guest = self._guest
+            if guest is not None and guest.alive and guest.has_output():
+                # Frames between runs: the code of an earlier run is still at work (after
+                # a done frame it forged). Its sandbox cannot be trusted to be idle.
+                await self._discard("it sent frames between runs")
+                self._lost = True
+                self._lost_why = "it sent frames after its run had ended"
             if self._guest is None or not self._guest.alive:
                 if self._guest is not None:
                     await self._discard("it died between runs")
@@ -372,8 +422,13 @@ class CodeSandbox:
                 self._guest = await self._fresh()
                 if self._lost:
                     warnings.append(LOST)
+                    if self._lost_why is not None:
+                        warnings.append(f"the sandbox was replaced because {self._lost_why}")
                     self._lost = False
+                self._lost_why = None
             guest = self._guest
+            if self.kind == "subprocess":
+                rearm_cpu_limit(guest.process.pid, self._cpu_backstop())
             self._runs += 1
             run = _Run(self._runs)
             try:
@@ -387,8 +442,46 @@ class CodeSandbox:
                     type="ProtocolError",
                     message=f"the sandbox broke the wire protocol ({exc}); {LOST}",
                 )
-                self._events.emit("protocol_error", self._session, error=str(exc))
-            return await self._finish(guest, run, warnings)
+                self._events.emit("protocol_error", self._session, error=str(exc)[:MAX_TEXT])
+            except Exception as exc:  # a host bug: the run fails cleanly, the log has it
+                logger.exception("serving a run of the code sandbox failed")
+                run.failure = CodeError(
+                    kind="host_error",
+                    type="HostError",
+                    message=f"the host failed while serving the run ({type(exc).__name__}); {LOST}",
+                )
+            result = await self._finish(guest, run, warnings)
+            if self._guest is guest and guest.alive:
+                self._watch_idle(guest)
+            return result
+
+    def _check_source(self, source: str) -> CodeError | None:
+        """Why ``source`` cannot be sent to the guest, if it cannot."""
+        try:
+            size = len(source.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            return CodeError(
+                kind="invalid_arguments",
+                type="InvalidArguments",
+                message=(
+                    f"the source code is not valid Unicode text: {exc.reason} at character "
+                    f"{exc.start} ({source[exc.start : exc.start + 1]!r}); pass it as UTF-8 "
+                    "text (lone surrogates come from bytes decoded with 'surrogateescape')"
+                ),
+            )
+        cap = min(self._limits.max_argument_size, _MAX_SOURCE)
+        if size > cap:
+            return CodeError(
+                kind="limit_exceeded",
+                type="LimitExceeded",
+                message=(
+                    f"limit max_argument_size exceeded: the source code takes {size} bytes, "
+                    f"over the limit of {cap}; it did not run, and the sandbox keeps its "
+                    "variables: send the code in smaller runs, or the data through a tool"
+                ),
+                limit="max_argument_size",
+            )
+        return None
 
     async def _finish(self, guest: Guest, run: _Run, warnings: list[str]) -> CodeResult:
         done = run.done
@@ -403,6 +496,7 @@ class CodeSandbox:
         if run.failure is not None:
             await self._discard(run.failure.message)
             self._lost = False  # this result already says so
+            self._lost_why = None
             self._prefetch()
             self._events.emit(
                 "sandbox_reset", self._session, reason=run.failure.message, limit=run.failure.limit
@@ -416,35 +510,28 @@ class CodeSandbox:
                 attachments=run.files,
             )
         assert done is not None
-        error: CodeError | None = None
-        raw_error = done.get("error")
-        if raw_error is not None:
-            error = guest_error(raw_error)
-            if error.kind == "limit_exceeded" and error.limit in ("code_memory", "code_max_output"):
-                # Memory ran out (or output overflowed) inside the guest: its state may be
-                # half-made, so it is replaced, and the result says so.
-                await self._discard(error.message)
-                self._prefetch()
-                self._events.emit(
-                    "sandbox_reset", self._session, reason=error.message, limit=error.limit
-                )
-                detail = _guest_limit(error.limit, error.message, self._limits)
-                error = error.model_copy(
-                    update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
-                )
-        raw_warnings: Any = done.get("warnings") or []
-        if not isinstance(raw_warnings, list):
-            raise p.BadFrame("warnings must be a list")
-        items: list[Any] = raw_warnings  # pyright: ignore[reportUnknownVariableType]
-        for item in items[:50]:
-            if isinstance(item, str):
-                warnings.append(item[:1000])
-        value = done.get("value")
-        ok = done.get("ok") is True and error is None
+        error = done.error
+        if (
+            error is not None
+            and error.kind == "limit_exceeded"
+            and error.limit in ("code_memory", "code_max_output")
+        ):
+            # Memory ran out (or output overflowed) inside the guest: its state may be
+            # half-made, so it is replaced, and the result says so.
+            await self._discard(error.message)
+            self._prefetch()
+            self._events.emit(
+                "sandbox_reset", self._session, reason=error.message, limit=error.limit
+            )
+            detail = _guest_limit(error.limit, error.message, self._limits)
+            error = error.model_copy(
+                update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
+            )
+        warnings.extend(done.warnings)
         return CodeResult(
-            ok=ok,
-            value=value if ok else None,
-            stdout=frame_str(done, "stdout", self._limits.code_max_output),
+            ok=done.ok,
+            value=done.value,
+            stdout=done.stdout,
             error=error,
             calls=run.records(),
             warnings=warnings,
@@ -453,13 +540,15 @@ class CodeSandbox:
         )
 
     async def _drive(self, guest: Guest, run: _Run) -> None:
-        """Serve the run's tool calls until it is done, fails, or hits a limit."""
-        broken: p.BadFrame | None = None
+        """Serve the run's tool calls until it is done, fails, or hits a limit; then
+        cancel whatever of it is still in flight (each call records that it was)."""
+        broken: Exception | None = None
         async with anyio.create_task_group() as tg:
+            run.stop = tg.cancel_scope
             tg.start_soon(self._clock, guest, run)
             try:
                 await self._serve(guest, run, tg)
-            except p.BadFrame as exc:  # raised outside the group, not wrapped in one
+            except Exception as exc:  # raised outside the group, not wrapped in one
                 broken = exc
             tg.cancel_scope.cancel()
         if broken is not None:
@@ -472,9 +561,7 @@ class CodeSandbox:
                 break
             kind = msg.get("k")
             if kind == p.K_USE:
-                call_id, tool, args, kwargs = self._check_use(msg)
-                if msg.get("run") != run.id:
-                    continue  # left over from an earlier run: it gets no answer
+                call_id, tool, args, kwargs = self._check_use(msg, run)
                 run.made += 1
                 if run.made > self._limits.code_max_calls:
                     run.failure = limit_error(
@@ -483,38 +570,46 @@ class CodeSandbox:
                     )
                     guest.kill("too many tool calls")
                     break
+                slot = len(run.calls)
+                run.calls.append((tool, None, False, "cancelled"))
                 run.inflight += 1
                 if msg.get("wait") is True and run.inflight == 1:
                     # The guest waits for this answer and sends nothing until then (it
                     # says so; if it does not, only its own later frames wait): made
                     # here, with no task to start, and no scope of its own (no ``drop``
                     # can be read while this loop itself awaits the call).
-                    await self._tool_call(guest, run, None, call_id, tool, args, kwargs)
+                    await self._tool_call(guest, run, None, slot, call_id, tool, args, kwargs)
                 else:
                     scope = anyio.CancelScope()
                     run.scopes[call_id] = scope
-                    tg.start_soon(self._tool_call, guest, run, scope, call_id, tool, args, kwargs)
+                    tg.start_soon(
+                        self._tool_call, guest, run, scope, slot, call_id, tool, args, kwargs
+                    )
             elif kind == p.K_DROP:
-                scope = run.scopes.get(msg.get("id"))  # pyright: ignore[reportArgumentType]
+                call_id = msg.get("id")
+                if type(call_id) is not int:
+                    raise p.BadFrame("drop frames carry the int id of a call")
+                scope = run.scopes.get(call_id)
                 if scope is not None:
                     scope.cancel()
             elif kind == p.K_DONE:
-                if msg.get("id") != run.id:
-                    raise p.BadFrame("a done frame for another run")
-                p.check_plain(msg.get("value"))
-                run.done = msg
+                run.done = check_done(msg, run.id, self._limits.code_max_output)
                 break
             else:
                 raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
 
     @staticmethod
-    def _check_use(msg: Mapping[str, Any]) -> tuple[int, str, list[Any], dict[str, Any]]:
+    def _check_use(msg: Mapping[str, Any], run: _Run) -> tuple[int, str, list[Any], dict[str, Any]]:
         call_id, tool = msg.get("id"), msg.get("tool")
         args, kwargs = msg.get("args"), msg.get("kwargs")
         if type(call_id) is not int or type(tool) is not str or len(tool) > 512:
             raise p.BadFrame("use frames carry an int id and a tool name")
         if type(msg.get("run")) is not int:
             raise p.BadFrame("use frames carry the int id of their run")
+        if msg.get("run") != run.id:
+            raise p.BadFrame("a use frame for a run that is not in progress")
+        if call_id in run.scopes:
+            raise p.BadFrame("a use frame reusing the id of a call in flight")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise p.BadFrame("use frames carry args as a list and kwargs as a map")
         # Flat arguments (the usual case) are plain as they are; anything else is walked.
@@ -529,21 +624,36 @@ class CodeSandbox:
         return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
 
     async def _clock(self, guest: Guest, run: _Run) -> None:
-        """Count sandbox time (none while a tool call is in flight); kill at the limit."""
+        """Count the run's time and stop it at ``code_timeout``: wall time while no call
+        is in flight, the guest's own CPU time while one is (computing meanwhile counts;
+        waiting does not). Where the CPU time cannot be read, wall time counts."""
         budget = self._limits.code_timeout
+        meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
         used = 0.0
         last = anyio.current_time()
+        last_cpu: float | None = None  # read from the first tick on: most runs end before
         while True:
             await anyio.sleep(_TICK)
             now = anyio.current_time()
-            if run.inflight == 0:
-                used += now - last
-            last = now
+            cpu = meter.read()
+            wall = now - last
+            if cpu is None or last_cpu is None:
+                spent = wall
+            else:
+                spent = max(0.0, cpu - last_cpu)
+                if run.inflight == 0:
+                    spent = max(spent, wall)
+            used += spent
+            last, last_cpu = now, cpu
             if used > budget:
                 run.failure = limit_error(
-                    "code_timeout", f"the code ran for more than {budget:g} s of sandbox time"
+                    "code_timeout",
+                    f"the code ran for more than {budget:g} s of sandbox time "
+                    "(the guest's own time; waiting on tools does not count)",
                 )
                 guest.kill("code_timeout")
+                if run.stop is not None:
+                    run.stop.cancel()  # the calls still in flight: cut short, recorded
                 return
 
     async def _tool_call(
@@ -551,13 +661,15 @@ class CodeSandbox:
         guest: Guest,
         run: _Run,
         scope: anyio.CancelScope | None,
+        slot: int,
         call_id: int,
         tool: str,
         args: list[Any],
         kwargs: dict[str, Any],
     ) -> None:
-        """Make one call and answer it; ``scope`` (a call made on a task) lets a ``drop``
-        cancel it. A cancelled call gets no answer."""
+        """Make one call, record it in its ``slot`` and answer it; ``scope`` (a call made
+        on a task) lets a ``drop`` cancel it. A cancelled call gets no answer, and is
+        recorded as cancelled, with the decision made for it if one was."""
         try:
             name = self._canonical(tool)
         except HostError:
@@ -576,12 +688,18 @@ class CodeSandbox:
             run.inflight -= 1
             if scope is not None:
                 run.scopes.pop(call_id, None)
-        if outcome is None:  # the code stopped waiting (drop): nothing to answer
-            run.calls.append((name, None, False, "cancelled"))
+            if outcome is None:  # dropped by the code, or cut short as the run stopped
+                run.calls[slot] = (
+                    name,
+                    decision_of(None, decided, cancelled=True),
+                    False,
+                    "cancelled",
+                )
+        if outcome is None:
             return
         value, failure = outcome
         if failure is None:
-            run.calls.append((name, decision_of(None, decided), True, None))
+            run.calls[slot] = (name, decision_of(None, decided), True, None)
             if isinstance(value, Result):  # the code gets the value; the files go to the result
                 result: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
                 run.files.extend(result.attachments)
@@ -591,7 +709,7 @@ class CodeSandbox:
                 value = value.info()
             reply = {"k": p.K_OK, "id": call_id, "value": value}
         else:
-            run.calls.append((name, decision_of(failure, decided), False, failure.kind))
+            run.calls[slot] = (name, decision_of(failure, decided), False, failure.kind)
             reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
         with contextlib.suppress(Dead):
             await guest.send(reply)
@@ -608,6 +726,51 @@ class CodeSandbox:
             logger.exception("tool call %s from agent code failed inside the host", tool)
             return None, HostError(f"the host failed to run {tool}: {type(exc).__name__}")
 
+    # -- between runs ------------------------------------------------------------------
+
+    def _watch_idle(self, guest: Guest) -> None:
+        """Watch ``guest`` between its runs from now on (once per guest)."""
+        if self._idle is not None and self._idle[0] is guest:
+            return
+        self._stop_idle_watch()
+        scope = anyio.CancelScope()
+        self._idle = (guest, scope)
+        self._tg.start_soon(self._idle_watch, guest, scope)
+
+    def _stop_idle_watch(self) -> None:
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle[1].cancel()
+
+    async def _idle_watch(self, guest: Guest, scope: anyio.CancelScope) -> None:
+        """Between runs the guest has nothing to compute but its idle imports: one that
+        keeps computing (code still at work after a ``done`` frame it forged) is killed
+        once it has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU in one
+        idle period (counted from the first look after a run, at most a tick late)."""
+        budget = self._limits.code_timeout + _WARM_UP
+        meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
+        period = -1
+        start = 0.0
+        with scope:
+            while guest.alive:
+                await anyio.sleep(_IDLE_TICK)
+                if self._lock.locked():  # a run (whose clock counts), or a replacement
+                    period = -1
+                    continue
+                used = meter.read()
+                if used is None:
+                    return  # no /proc here: the next run's clock is the only one
+                if period != self._runs:  # a new idle period: it counts from here
+                    period, start = self._runs, used
+                    continue
+                if used - start > budget and guest.alive:
+                    self._lost_why = (
+                        f"it kept computing after its run had ended ({budget:g} s of CPU time)"
+                    )
+                    self._events.emit("sandbox_reset", self._session, reason=self._lost_why)
+                    guest.kill(self._lost_why)
+                    return
+
     async def retool(self, tools: Mapping[str, ToolSpec]) -> None:
         """Serve new tool files: the sandbox (and its spare) is replaced; the next run
         is told that the variables of earlier runs were lost."""
@@ -622,12 +785,14 @@ class CodeSandbox:
             if self._guest is not None:
                 await self._discard("the tool files changed")
                 self._lost = True
+                self._lost_why = None
 
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:
             await self._discard("reset_code")
             self._lost = False
+            self._lost_why = None
             self._prefetch()
 
     async def aclose(self) -> None:

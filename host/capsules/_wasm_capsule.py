@@ -176,8 +176,13 @@ class _Mixed:
         return await route.call(call_id, tool, encoded, timeout, context)
 
     async def kill(self, reason: str) -> None:
-        for part in self._parts:
-            await part.kill(reason)
+        # Every part at once, and whatever happens to the caller meanwhile: a part slow
+        # to exit (each waits for its process, bounded) or a cancellation must never
+        # leave another part running.
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for part in self._parts:
+                    tg.start_soon(part.kill, reason)
 
     async def linked(self) -> None:
         """When one part ends, end the other: the supervisor restarts them as one."""

@@ -28,6 +28,7 @@ __all__ = [
     "UsageError",
     "dumps",
     "argument",
+    "text_argument",
     "keywords",
     "call_arguments",
     "add_call_arguments",
@@ -62,10 +63,32 @@ def dumps(value: Any, *, pretty: bool = False) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent, default=_bytes_as_json)
 
 
-def argument(text: str) -> Any:
+def text_argument(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode, else a :class:`UsageError` naming ``what``.
+
+    Python decodes the command line (and stdin, in the C locale) with ``surrogateescape``:
+    bytes that are not UTF-8 arrive as lone surrogates, which nothing downstream can
+    encode.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(
+            f"{what} is not valid UTF-8 (a byte 0x{ord(text[exc.start]) & 0xFF:02x} "
+            f"at character {exc.start}); pass UTF-8 text"
+        ) from None
+    return text
+
+
+def argument(text: str, what: str = "an argument") -> Any:
     """A command-line argument: JSON if it parses, else the string itself."""
+    text_argument(text, what)
     try:
         return json.loads(text)
+    except RecursionError:
+        raise UsageError(
+            f"{what} is JSON nested too deeply to read; pass a flatter value"
+        ) from None
     except ValueError:
         return text
 
@@ -75,8 +98,8 @@ def keywords(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
-            raise UsageError(f"--kw takes NAME=VALUE, got {pair!r}")
-        out[key] = argument(value)
+            raise UsageError(f"--kw takes NAME=VALUE, got {text_argument(pair, '--kw')!r}")
+        out[key] = argument(value, f"--kw {key}")
     return out
 
 
@@ -86,15 +109,21 @@ def call_arguments(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]
     arguments; ``-`` reads stdin) for arguments too large for a command line."""
     file: str | None = getattr(args, "args_file", None)
     if file is None:
-        return [argument(a) for a in args.args], keywords(args.kw or [])
+        positional = [argument(a, f"argument {i}") for i, a in enumerate(args.args, 1)]
+        return positional, keywords(args.kw or [])
     if args.args or args.kw:
         raise UsageError("--args-file gives all the arguments: leave out ARG and --kw")
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--args-file {file}: cannot read it: {exc}") from exc
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise UsageError(
+            f"--args-file {file}: JSON nested too deeply to read; pass a flatter value"
+        ) from None
     except ValueError as exc:
         raise UsageError(f"--args-file {file}: not JSON: {exc}") from exc
     if isinstance(value, list):

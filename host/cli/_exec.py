@@ -29,6 +29,7 @@ from ._common import (
     open_host,
     print_files,
     project_dir,
+    text_argument,
 )
 
 __all__ = ["EXEC_COMMANDS", "result_data"]
@@ -55,9 +56,12 @@ def result_data(result: CodeResult) -> dict[str, Any]:
 
 async def _source(args: argparse.Namespace) -> str:
     if args.code is not None:
-        return str(args.code)
+        return text_argument(str(args.code), "the code (-c)")
     if args.file == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"the code on stdin is not valid UTF-8: {exc}") from None
     try:
         return await anyio.Path(args.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

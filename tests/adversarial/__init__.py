@@ -1,3 +1,6 @@
-"""The standing adversarial suite, grouped by the sections of the security catalogue
-(``test_d_*``: policy, ``test_e_*``: approvals and grants, ``test_h_*``: the audit, and
-``test_caches``): each attack asserts on canaries and state, never only on an exception."""
+"""The standing adversarial suite, one file per section of the attack catalogue
+(``test_a_*``: agent code, ``test_b_*``: Wasm paths, ``test_c_*``: subprocess capsules,
+``test_d_*``: policy and callers, ``test_e_*``: approvals, grants and secrets,
+``test_g_*``: frames, ``test_h_*``: the audit, and ``test_caches``): each attack asserts
+on canaries and state (files, processes, the next call or run), never only on an
+exception."""
