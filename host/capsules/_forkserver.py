@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -37,7 +38,16 @@ import anyio.abc
 from . import _wasm
 from ._process import protect_host
 
-__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn", "spawn_leased", "wanted"]
+__all__ = [
+    "ForkUnavailable",
+    "ForkedProcess",
+    "Lease",
+    "Releasable",
+    "read_pid",
+    "spawn",
+    "spawn_leased",
+    "wanted",
+]
 
 _SWITCH = "TOOLHOST_FORKSERVER"
 
@@ -145,6 +155,13 @@ class Lease:
             await server.stop()
 
 
+class Releasable(Protocol):
+    """What a :class:`ForkedProcess` holds for itself: a lease on the process that
+    started it (this module's server, or the host's keeper: ``_keeper.py``)."""
+
+    async def release(self) -> None: ...
+
+
 class _Stream(anyio.abc.ByteReceiveStream):
     """The read end of a pipe, read without threads."""
 
@@ -183,7 +200,7 @@ class ForkedProcess(anyio.abc.Process):
         self._buffer = b""
         self._code: int | None = None
         self._stderr = _Stream(stderr)
-        self.lease: Lease | None = None
+        self.lease: Releasable | None = None
         """A lease this process holds for itself (:func:`spawn_leased`), released by
         :meth:`aclose` once the server has been let go of the child."""
 
@@ -259,7 +276,8 @@ class ForkedProcess(anyio.abc.Process):
                 await lease.release()
 
 
-async def _read_pid(status: int) -> int:
+async def read_pid(status: int) -> int:
+    """The ``P<pid>`` line a server writes on a status pipe once the child exists."""
     buffer = b""
     while not buffer.endswith(b"\n"):
         try:
@@ -297,7 +315,7 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
         finally:
             for fd in (child_in, child_out, err_write, status_write):
                 os.close(fd)
-        pid = await _read_pid(status_read)
+        pid = await read_pid(status_read)
     except BaseException:
         for fd in mine:
             os.close(fd)

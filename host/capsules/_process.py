@@ -22,11 +22,19 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.abc
 
-__all__ = ["descendants", "kill_tree", "minimal_env", "protect_host", "spawn_piped"]
+__all__ = [
+    "KEEP_DUMPABLE",
+    "descendants",
+    "kill_tree",
+    "minimal_env",
+    "protect_host",
+    "spawn_piped",
+]
 
 _PR_SET_DUMPABLE = 4
-_KEEP_DUMPABLE = "TOOLHOST_KEEP_DUMPABLE"
-"""Set to ``1`` to leave the host dumpable (for a debugger), giving up that protection."""
+KEEP_DUMPABLE = "TOOLHOST_KEEP_DUMPABLE"
+"""Set to ``1`` to leave the host and its capsules dumpable (for a debugger), giving up
+that protection."""
 
 
 def protect_host() -> bool:
@@ -37,7 +45,7 @@ def protect_host() -> bool:
     its environment or memory. It also means no core dumps, and a same-user debugger
     (``py-spy``, ``gdb -p``) needs root, unless ``TOOLHOST_KEEP_DUMPABLE=1``.
     """
-    if not sys.platform.startswith("linux") or os.environ.get(_KEEP_DUMPABLE) == "1":
+    if not sys.platform.startswith("linux") or os.environ.get(KEEP_DUMPABLE) == "1":
         return False
     try:
         import ctypes

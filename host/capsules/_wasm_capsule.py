@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -27,6 +28,7 @@ from host._events import EventBus
 from host.settings import CapsulesConfig, DataFolder
 
 from . import _forkserver, _wasm, _wasm_cache
+from ._guard import containment
 from ._subprocess import (
     SubprocessTransport,
     exit_reason,
@@ -262,11 +264,20 @@ def mixed_factory(
     return start
 
 
+def _caches() -> tuple[Path, ...]:
+    """The host's cache folders, which tools may never write."""
+    found = [_wasm_cache.cache_root()]
+    scopes = os.environ.get("TOOLHOST_CACHE_DIR")
+    if scopes:
+        found.append(Path(scopes))
+    return tuple(found)
+
+
 def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
-    subprocess capsules (under ``[capsules] python``, if set), plus a Wasm capsule for the
-    files it names."""
-    native = subprocess_capsules(capsules.interpreter(root))
+    subprocess capsules (under ``[capsules] python``, if set; confined to the project's
+    guard), plus a Wasm capsule for the files it names."""
+    native = subprocess_capsules(capsules.interpreter(root), root, _caches())
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(
             capsules.wasm,
@@ -286,14 +297,22 @@ def _size(size: int) -> str:
 
 
 def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str]:
-    """Where ``[capsules]`` runs the tools of ``file``, as data and as one line of text
-    (``toolhost policy check`` prints them)."""
+    """Where ``[capsules]`` runs the tools of ``file``, as data and as text whose last
+    line says where (``toolhost policy check`` prints them); for a subprocess capsule,
+    also how it is confined, and a warning line before it when Landlock is missing."""
     kind = "wasm" if capsules.default == "wasm" or file in capsules.wasm else "subprocess"
     text = f"capsule: {kind}"
     data: dict[str, Any] = {"kind": kind, "data": None}
     if kind == "subprocess" and capsules.python is not None:
         data["python"] = capsules.python
         text += f" under {capsules.python}"
+    warning = None
+    if kind == "subprocess":
+        held = containment()
+        data["containment"] = held.to_data()
+        if held.landlock:
+            text += f", confined by Landlock (ABI {held.abi})"
+        warning = held.warning()
     folder = capsules.data
     if folder is not None:
         mode = "writable" if folder.writable else "read-only"
@@ -311,4 +330,6 @@ def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str
             "quota": folder.quota,
             "guest": where,
         }
+    if warning is not None:
+        text = f"warning: {warning}\n{text}"
     return data, text
