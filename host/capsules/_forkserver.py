@@ -25,6 +25,7 @@ or to rule the server out).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -303,6 +304,16 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
     """
     if not wanted():
         raise ForkUnavailable(f"{_SWITCH}=0")
+    # The preopens' descriptors travel with the request; their specs say which one is
+    # theirs by its place among them (the server knows them by its own numbers).
+    extra = [p.fd for p in spec.preopens if p.fd is not None]
+    numbered = iter(range(len(extra)))
+    spec = dataclasses.replace(
+        spec,
+        preopens=[
+            p if p.fd is None else dataclasses.replace(p, fd=next(numbered)) for p in spec.preopens
+        ],
+    )
     child_in, host_out = os.pipe()
     host_in, child_out = os.pipe()
     err_read, err_write = os.pipe()
@@ -311,7 +322,9 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
     mine = [host_out, host_in, err_read, status_read]
     try:
         try:
-            await lease.server().request(spec, [child_in, child_out, err_write, status_write])
+            await lease.server().request(
+                spec, [child_in, child_out, err_write, status_write, *extra]
+            )
         finally:
             for fd in (child_in, child_out, err_write, status_write):
                 os.close(fd)

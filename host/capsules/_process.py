@@ -57,13 +57,18 @@ def protect_host() -> bool:
 
 
 async def spawn_piped(
-    command: Sequence[str], *, cwd: str, env: Mapping[str, str]
+    command: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    pass_fds: Sequence[int] = (),
 ) -> tuple[anyio.abc.Process, int, int]:
     """Start ``command`` in a new session with two protocol pipes as its stdin and stdout.
 
     Returns ``(process, host_write_fd, host_read_fd)``; the caller owns both fds and must
     drain the process's stderr (a pipe). The child gets exactly ``env``; no other fd of
-    this process is inherited (the ends it needs are closed here once it has them).
+    this process is inherited (the ends it needs are closed here once it has them) but
+    ``pass_fds``, at the same numbers.
     The host is made non-dumpable first (:func:`protect_host`).
     """
     protect_host()
@@ -78,6 +83,7 @@ async def spawn_piped(
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except BaseException:
         for fd in (host_out, host_in):
