@@ -287,6 +287,14 @@ class Lab:
         self.folder = folder
         self.runs: list[HostRun] = []
         self.tokens: list[str] = []
+        self.owned: list[psutil.Process] = []
+
+    def own(self, *pids: int) -> None:
+        """Processes of this test (a host, a keeper, a capsule): killed at its end if a
+        failure left them running (``psutil`` knows them by pid and start time)."""
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                self.owned.append(psutil.Process(pid))
 
     def token(self, what: str) -> str:
         """A unique mark for processes a tool starts: any left at the end are killed."""
@@ -362,6 +370,10 @@ def lab(account: Account) -> Iterator[Lab]:
     finally:
         for run in made.runs:
             run.close()
+        for proc in made.owned:  # left by a failure: never left running
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    proc.kill()
         for token in made.tokens:  # escaped on a failure: never left running
             for pid in marked(token):
                 with contextlib.suppress(psutil.Error):
