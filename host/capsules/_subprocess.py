@@ -73,6 +73,7 @@ _SETTINGS = "TOOLHOST_CAPSULE"
 CONFINE_EXIT = 78
 """``capsule.__main__.CONFINE_EXIT``: the worker could not confine itself as asked."""
 _BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
+_UNDUMPABLE = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE
 _BOOTSTRAP_ELSEWHERE = (
     # Another interpreter (``[capsules] python``) gets the ``capsule`` package alone, not
     # the folder it lives in (the host's site-packages, perhaps), so the project's own
@@ -488,10 +489,15 @@ async def start_subprocess(
     folders, never writable; nor is the environment of ``python``) before it loads a
     tool.
     """
+    keep_dumpable = os.environ.get(KEEP_DUMPABLE) == "1"
+    # exec made the child dumpable again: its first line makes it not, before the imports
+    # (the capsule does it again, for a child started some other way).
+    first = "" if keep_dumpable or not sys.platform.startswith("linux") else _UNDUMPABLE
     if python is None:
-        command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+        command = [sys.executable, "-I", "-c", first + _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
     else:
-        command = [str(python), "-I", "-c", _BOOTSTRAP_ELSEWHERE.format(package=_CAPSULE_DIR)]
+        bootstrap = _BOOTSTRAP_ELSEWHERE.format(package=_CAPSULE_DIR)
+        command = [str(python), "-I", "-c", first + bootstrap]
     guard = None
     if project is not None and containment().landlock:
         # The other interpreter's environment runs in the host too (its check), so tools
@@ -500,7 +506,7 @@ async def start_subprocess(
         guard = project_guard(project, request.tools_dir, (*caches, *extra))
     settings = {
         "landlock": None if guard is None else guard.to_data(),
-        "dumpable": os.environ.get(KEEP_DUMPABLE) == "1",
+        "dumpable": keep_dumpable,
     }
     env = {**request.env, _SETTINGS: json.dumps(settings)}
 
