@@ -16,7 +16,8 @@ so a new guest skips the interpreter start, ``import wasmtime`` and the module l
 stdin is a Unix socket from the host; each request is a :class:`GuestSpec` as JSON with
 four descriptors attached: the guest's stdin, stdout and stderr, and a status pipe on
 which the server writes ``P<pid>`` once the child exists and ``X<code>`` once it has
-ended (a negative code is a signal). The child is reaped only when the host closes its
+ended (a negative code is a signal); then one per preopen the host opened itself (a data
+folder), which the spec numbers by its place among them. The child is reaped only when the host closes its
 end of the status pipe (until then its pid cannot be reused, so the host may still
 kill it by pid); a child whose status pipe is closed before it ended is killed.
 
