@@ -20,7 +20,21 @@ they stay zombies until the worker ends.)
 Before it loads any tool, the worker gives up privileges (Linux): no new privileges on
 ``exec`` (no ``sudo``, no setuid binaries) and, when run by root, no capabilities at all,
 so that, like a tool of an ordinary user, it cannot read the ``/proc`` entries
-(environment, memory, fds) of the host, which makes itself non-dumpable.
+(environment, memory, fds) of the host, which makes itself non-dumpable. Both processes
+are non-dumpable from the start too, so no other process of the same user (another
+session's tool) can read their memory or environment. Then, still before any thread
+starts, the worker confines itself with Landlock as the host's ``Guard`` says
+(``capsule/_landlock.py``): writes only where allowed, no reading the host's state, no
+signal or trace of any process outside its own tree. A worker asked to confine itself
+that cannot exits with :data:`CONFINE_EXIT` and loads no tool.
+
+The host passes its settings in ``TOOLHOST_CAPSULE`` (JSON), and the host's keeper
+(``host/capsules/_keeper_child.py``), which starts the capsule, passes pidfds of the
+host and of itself in ``TOOLHOST_LIFELINES``: the reaper and the worker both end
+everything they have when either of those processes ends, whatever became of the other
+capsule process (a frozen reaper no longer keeps the worker alive), and when the host
+ends they wake the keeper with ``SIGCONT`` first, in case a tool froze it. Both
+variables are removed from the environment at once.
 """
 
 from __future__ import annotations
@@ -29,17 +43,74 @@ import asyncio
 import codecs
 import contextlib
 import io
+import json
 import os
+import select
 import signal
 import sys
 import threading
-import time
+from typing import Any
 
 from ._harden import drop_privileges
 from ._serve import Capsule
 from .protocol import K_CONSOLE, encode
 
 _CHUNK = 64 * 1024
+_SETTINGS = "TOOLHOST_CAPSULE"
+_LIFELINES = "TOOLHOST_LIFELINES"
+_TICK = 0.2
+"""Seconds between two looks at the processes a capsule process watches."""
+CONFINE_EXIT = 78
+"""Exit status of a worker that was asked to confine itself (Landlock) and could not."""
+
+
+def _settings() -> tuple[dict[str, Any], list[int]]:
+    """The host's settings, and the pidfds to watch; both removed from the environment."""
+    raw = os.environ.pop(_SETTINGS, "")
+    try:
+        settings: Any = json.loads(raw) if raw else {}
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict):
+        os.write(2, b"toolhost capsule: unreadable settings; refusing to load tools\n")
+        os._exit(CONFINE_EXIT)
+    lifelines: list[int] = []
+    for word in os.environ.pop(_LIFELINES, "").split():
+        with contextlib.suppress(ValueError, OSError):
+            fd = int(word)
+            os.set_inheritable(fd, False)  # never handed on to what tools run
+            lifelines.append(fd)
+    return settings, lifelines  # pyright: ignore[reportUnknownVariableType]
+
+
+def _undumpable(settings: dict[str, Any]) -> None:
+    """No other process of this user may read our memory or ``/proc/PID/environ``
+    (Linux; the flag survives ``fork``). ``dumpable`` in the settings keeps it (the
+    host's ``TOOLHOST_KEEP_DUMPABLE=1``, for a debugger)."""
+    if not sys.platform.startswith("linux") or settings.get("dumpable") is True:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
+def _confine(settings: dict[str, Any]) -> None:
+    """Landlock, as the host asks; before any thread starts. Fails closed."""
+    rules = settings.get("landlock")
+    if rules is None:
+        return
+    from . import _landlock
+
+    try:
+        _landlock.restrict(rules)
+    except (OSError, TypeError, ValueError) as exc:
+        os.write(
+            2,
+            f"toolhost capsule: could not confine the tools with Landlock ({exc}); "
+            "refusing to load them\n".encode(errors="replace"),
+        )
+        os._exit(CONFINE_EXIT)
 
 
 def _take_stdio() -> tuple[int, int, int]:
@@ -131,14 +202,34 @@ def _kill_everything() -> None:
     os._exit(1)
 
 
-def _lifeline(parent: int) -> None:
+def _watching(lifelines: list[int]) -> select.poll:
+    """A poll object that becomes readable when any of the ``lifelines`` pidfds ends."""
+    watch = select.poll()
+    for fd in lifelines:
+        watch.register(fd, select.POLLIN)
+    return watch
+
+
+def _wake_keeper(lifelines: list[int]) -> None:
+    """The host died: make sure the keeper (the second lifeline) is not frozen, so it
+    kills what it holds (without Landlock a tool could have stopped it)."""
+    if len(lifelines) > 1:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(lifelines[1], signal.SIGCONT)
+
+
+def _lifeline(parent: int, lifelines: list[int]) -> None:
+    """The worker's watch: when its reaper, the keeper or the host ends, so does it."""
+    watch = _watching(lifelines)
     while True:
-        time.sleep(0.2)
-        if os.getppid() != parent:
+        ended = watch.poll(int(_TICK * 1000))
+        if ended or os.getppid() != parent:
+            if any(fd == lifelines[0] for fd, _ in ended):
+                _wake_keeper(lifelines)
             _kill_everything()
 
 
-def _reap(worker: int) -> None:
+def _reap(worker: int, lifelines: list[int]) -> None:
     """The reaper's life: wait for the worker (or the host) to die, then kill the rest.
 
     Never returns. It holds no protocol pipe, so the worker's death is end-of-file to
@@ -150,9 +241,12 @@ def _reap(worker: int) -> None:
     os.dup2(null, 1)
     os.close(null)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    watch = _watching(lifelines)
     status: int | None = None
-    while status is None and os.getppid() == parent:
-        signal.sigtimedwait({signal.SIGCHLD}, 0.2)
+    ended: list[tuple[int, int]] = []
+    while status is None and os.getppid() == parent and not ended:
+        signal.sigtimedwait({signal.SIGCHLD}, _TICK)
+        ended = watch.poll(0)
         while True:
             try:
                 pid, code = os.waitpid(-1, os.WNOHANG)
@@ -162,8 +256,10 @@ def _reap(worker: int) -> None:
                 break
             if pid == worker:
                 status = code
+    if any(fd == lifelines[0] for fd, _ in ended):
+        _wake_keeper(lifelines)
     _kill_descendants()
-    if status is None:  # the host died: the worker went with the rest
+    if status is None:  # the host or the keeper died: the worker went with the rest
         os._exit(1)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -189,13 +285,16 @@ def _become_subreaper() -> None:
 
 
 def main() -> None:
+    settings, lifelines = _settings()
+    _undumpable(settings)
     if sys.platform != "wasi" and hasattr(os, "fork"):
         _become_subreaper()
         worker = os.fork()  # before any thread starts: forking is safe here
         if worker:
-            _reap(worker)
+            _reap(worker, lifelines)
         _become_subreaper()  # not inherited across fork
     drop_privileges("capsule")
+    _confine(settings)  # before any thread: a thread started earlier would stay outside
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":
@@ -203,14 +302,19 @@ def main() -> None:
             target=_forward_console, args=(capsule, console_read), daemon=True, name="console"
         ).start()
         threading.Thread(
-            target=_lifeline, args=(os.getppid(),), daemon=True, name="lifeline"
+            target=_lifeline, args=(os.getppid(), lifelines), daemon=True, name="lifeline"
         ).start()
     if not capsule.load():
         return
     asyncio.run(capsule.serve())
     # The host closed the pipe: take any processes the tools left behind with us (the
-    # reaper, if there is one, also kills whatever outlives us).
+    # reaper, if there is one, also kills whatever outlives us). A dying host closes its
+    # pipes a moment before its pidfd says so: if it died, end everything, as the
+    # lifeline would have (the reaper and the keeper may be frozen).
     sys.stdout.flush()
+    if lifelines and select.select([lifelines[0]], [], [], _TICK)[0]:
+        _wake_keeper(lifelines)
+        _kill_everything()
     _kill_descendants()
 
 

@@ -4,6 +4,12 @@ The tools folder becomes the package ``tools`` (so siblings import each other
 relatively, ``from ._helpers import slug``), and each file is imported on its own: one
 file that raises at import time does not keep the others from loading.
 
+The package loads from source only, compiled afresh at every start: never from a
+``.pyc`` (one planted in ``tools/__pycache__`` would run instead of the source that the
+declarations show, and keep running after the source changed), never from a sourceless
+``.pyc`` or an extension module dropped into the folder, and nothing is written back into
+it. Compiling costs a few milliseconds for a typical tools folder.
+
 The export rules mirror the host's ``ast`` discovery exactly (listed in
 ``host.declare._discovery``, applied in ``host.declare._exports``); the host compares the
 two lists and refuses a file whose run-time exports differ from what it declared:
@@ -25,6 +31,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
@@ -54,11 +61,66 @@ class Target:
     fills in for each call; None for a tool that takes no context."""
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """A tool module's code, compiled from its source every time; no bytecode is read
+    or written."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+class _SourceOnly:
+    """Finds the modules of the tool packages, first on ``sys.meta_path``: ``.py`` files
+    only, each with :class:`_SourceLoader`; anything else in a tool package (a sourceless
+    ``.pyc``, an extension module) is not found. (A meta path finder by its methods:
+    ``importlib.abc`` is slow to import in the Wasm guest.)"""
+
+    def __init__(self) -> None:
+        self.packages: set[str] = set()
+        self._finders: dict[str, importlib.machinery.FileFinder] = {}
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        del target
+        if fullname.split(".", 1)[0] not in self.packages or "." not in fullname:
+            return None  # the package itself is installed by install_package
+        for entry in path or ():
+            finder = self._finders.get(entry)
+            if finder is None:
+                finder = importlib.machinery.FileFinder(
+                    entry, (_SourceLoader, importlib.machinery.SOURCE_SUFFIXES)
+                )
+                self._finders[entry] = finder
+            spec = finder.find_spec(fullname)
+            if spec is not None:
+                return spec
+        raise ModuleNotFoundError(
+            f"No module named {fullname!r} (tool files load from .py source only)",
+            name=fullname,
+        )
+
+    def invalidate_caches(self) -> None:
+        for finder in self._finders.values():
+            finder.invalidate_caches()
+
+
+_source_only = _SourceOnly()
+
+
 def install_package(tools_dir: str, package: str = PACKAGE) -> None:
-    """Make ``tools_dir`` importable as ``package`` (with or without an ``__init__.py``)."""
+    """Make ``tools_dir`` importable as ``package`` (with or without an ``__init__.py``),
+    from source only."""
     parent = tools_dir.rsplit("/", 1)[0] if "/" in tools_dir else "."
     if parent not in sys.path:
         sys.path.insert(0, parent)
+    _source_only.packages.add(package)
+    if _source_only not in sys.meta_path:
+        sys.meta_path.insert(0, _source_only)
     init = f"{tools_dir}/__init__.py"
     try:
         with open(init, "rb"):
@@ -68,7 +130,10 @@ def install_package(tools_dir: str, package: str = PACKAGE) -> None:
         has_init = False
     if has_init:
         spec = importlib.util.spec_from_file_location(
-            package, init, submodule_search_locations=[tools_dir]
+            package,
+            init,
+            loader=_SourceLoader(package, init),
+            submodule_search_locations=[tools_dir],
         )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

@@ -37,6 +37,7 @@ from .capsules import (
     Supervisor,
     TransportFactory,
     check_interpreter,
+    containment,
     minimal_env,
     tool_capsules,
 )
@@ -416,6 +417,8 @@ class Host:
                     host.events.emit("cache_rejected", None, cache="scopes", reason=reason)
                 host._check_policy(config, from_files=policy is None)
                 await host._open_store()
+                if capsule is None:
+                    host._say_containment()
                 try:
                     host._default = await host._open_session(session)
                     yield host
@@ -438,6 +441,15 @@ class Host:
 
     def _tampered(self, what: str, detail: str) -> None:
         self.events.emit("audit_tampered", None, what=what, detail=detail)
+
+    def _say_containment(self) -> None:
+        """Once at start: what the kernel cannot hold subprocess capsules to (Landlock)."""
+        if self.config.capsules.default == "wasm":
+            return  # no tool runs in a subprocess capsule
+        held = containment()
+        warning = held.warning()
+        if warning is not None:
+            self.events.emit("landlock_unavailable", None, message=warning, **held.to_data())
 
     def _policy_changed(self, change: Policy | PolicyFileError) -> None:
         if isinstance(change, PolicyFileError):

@@ -20,7 +20,12 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_project(tmp_path: Path) -> Callable[..., Path]:
-    """Write a project: ``make_project(tools={"name": "source"}, policy="toml")``."""
+    """Write a project: ``make_project(tools={"name": "source"}, policy="toml")``.
+
+    It is ``tmp_path / "project"``: tools in a subprocess capsule cannot create files
+    directly in ``tmp_path`` (nor in the project folder), which Landlock denies above the
+    project's protected folders; give them a folder made before the host starts.
+    """
 
     def make(tools: dict[str, str], policy: str | None = None, subdir: str = "tools") -> Path:
         root = tmp_path / "project"

@@ -82,22 +82,22 @@ TOOLS = {
 
 
         def note(text: str) -> Note:
-            """Write a note: appends it to notes.log (a side effect)."""
-            with open("notes.log", "a", encoding="utf-8") as f:
+            """Write a note: appends it to out/notes.log (a side effect)."""
+            with open("out/notes.log", "a", encoding="utf-8") as f:
                 f.write(text + "\\n")
             return {"text": text, "length": len(text)}
 
 
         def wipe(folder: str) -> str:
             """Wipe a folder (policy denies it): writes the canary file if it ever runs."""
-            with open("canary.txt", "w", encoding="utf-8") as f:
+            with open("out/canary.txt", "w", encoding="utf-8") as f:
                 f.write("wiped " + folder)
             return "wiped"
 
 
         def launch(target: str) -> str:
-            """Launch something: appends to launched.log (a side effect)."""
-            with open("launched.log", "a", encoding="utf-8") as f:
+            """Launch something: appends to out/launched.log (a side effect)."""
+            with open("out/launched.log", "a", encoding="utf-8") as f:
                 f.write(target + "\\n")
             return "launched " + target
 
@@ -141,6 +141,9 @@ TOOLS = {
 
 def make_mcp_project(root: Path) -> Path:
     (root / "tools").mkdir(parents=True)
+    # The tools write in a folder of the project: a subprocess capsule cannot create files
+    # directly in the project folder (Landlock; README, "The capsule").
+    (root / "out").mkdir()
     for name, source in TOOLS.items():
         (root / "tools" / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
     (root / "policy.toml").write_text(POLICY, encoding="utf-8")

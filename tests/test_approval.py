@@ -123,7 +123,10 @@ class Desk:
 def desk(
     make_project: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., Desk]:
-    marker = tmp_path / "marker.jsonl"
+    # In a folder of its own: a subprocess capsule may not create files directly in the
+    # folders above the project (Landlock; README, "The capsule").
+    marker = tmp_path / "out" / "marker.jsonl"
+    marker.parent.mkdir()
     monkeypatch.setenv("DESK_MARKER", str(marker))
 
     def make(timeout: str = "5s", pending: int = 20, policy: str | None = None) -> Desk:

@@ -114,7 +114,10 @@ def probe(
     make_project: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Probe:
     root = make_project(PROBE_TOOLS, policy=PROBE_POLICY)
-    marker = tmp_path / "marker.txt"
+    # In a folder of its own: a subprocess capsule may not create files directly in the
+    # folders above the project (Landlock; README, "The capsule").
+    marker = tmp_path / "out" / "marker.txt"
+    marker.parent.mkdir()
     monkeypatch.setenv("AUDIT_DB", str(root / ".agent" / "state.db"))
     monkeypatch.setenv("AUDIT_MARKER", str(marker))
     monkeypatch.setenv("AUDIT_SECRET", "sk-" + os.urandom(12).hex())
@@ -125,7 +128,11 @@ def probe(
 
 
 @pytest.mark.subprocess
-async def test_the_decision_is_written_before_dispatch(probe: Probe) -> None:
+async def test_the_decision_is_written_before_dispatch(
+    probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe reads the state database from inside a call, which Landlock denies tools.
+    monkeypatch.setenv("TOOLHOST_LANDLOCK", "0")
     async with probe.open(capsule=None) as host:  # a real subprocess capsule
         seen = await host.call("peek")
         (after,) = await host.store.tail(1)

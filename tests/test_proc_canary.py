@@ -110,11 +110,12 @@ async def test_a_tool_cannot_read_the_hosts_proc_entries(
 ) -> None:
     host_pid = os.getpid()
     async with Host.open(make_project(tools=TOOLS)) as host:
-        # The walk itself works: the reaper's parent is this process; and reading the
-        # environment of a process of the same user is possible where allowed (its own
-        # child's, the capsule's minimal one).
+        # The walk itself works: the reaper's parent is the host's keeper, whose parent
+        # is this process; and reading the environment of a process of the same user is
+        # possible where allowed (its own child's, the capsule's minimal one).
         reaper = await host.call("reaper")
-        assert await host.call("parent_of", reaper) == host_pid
+        keeper = await host.call("parent_of", reaper)
+        assert await host.call("parent_of", keeper) == host_pid
         assert await host.call("read", f"/proc/{host_pid}/stat")
         assert b"PATH=" in await host.call("child_environ")
         # What the host holds is out of reach.

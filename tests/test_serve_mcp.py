@@ -118,14 +118,14 @@ async def test_a_denied_call_runs_nothing(project: Path) -> None:
         assert result.structured_content["calls"] == [
             {"tool": "wipe", "decision": "deny", "ok": False, "error": "policy_denied"}
         ]
-    assert not (project / "canary.txt").exists()
+    assert not (project / "out" / "canary.txt").exists()
 
 
 async def test_run_code_asks_for_each_side_effect_and_goes_on(project: Path) -> None:
     seen: list[list[str]] = []
 
     async def on_ask(params: types.ElicitRequestParams) -> None:
-        log = project / "notes.log"
+        log = project / "out" / "notes.log"
         seen.append(log.read_text().splitlines() if log.exists() else [])
 
     recorder = Recorder(["approve_once", "approve_once"], on_ask=on_ask)
@@ -154,7 +154,7 @@ async def test_run_code_asks_for_each_side_effect_and_goes_on(project: Path) -> 
         await client.call_tool(RUN_CODE, {"code": "x = 41"})
         again = await client.call_tool(RUN_CODE, {"code": "x + 1"})
         assert again.structured_content is not None and again.structured_content["value"] == 42
-    assert (project / "notes.log").read_text().splitlines() == ["first", "second"]
+    assert (project / "out" / "notes.log").read_text().splitlines() == ["first", "second"]
 
 
 async def test_answers_deny_decline_and_remember(project: Path) -> None:
@@ -164,7 +164,7 @@ async def test_answers_deny_decline_and_remember(project: Path) -> None:
         assert denied["kind"] == "not_approved" and denied["reason"] == "denied"
         declined = error(await client.call_tool("note", {"text": "one"}))
         assert "decline" in declined["message"]
-        assert not (project / "notes.log").exists()
+        assert not (project / "out" / "notes.log").exists()
         for _ in range(2):  # approved for the session: asked once
             assert not (await client.call_tool("note", {"text": "two"})).is_error
         assert len(recorder.asked) == 3
@@ -191,7 +191,7 @@ async def test_an_inbox_only_rule_is_never_elicited(project: Path) -> None:
         assert result.is_error
     assert recorder.asked == []  # the agent's own client was never asked
     assert [r.approvers for r in asked] == [("inbox",), ("inbox",)]
-    assert not (project / "launched.log").exists()
+    assert not (project / "out" / "launched.log").exists()
 
 
 async def test_without_elicitation_the_fallback_decides(project: Path) -> None:

@@ -84,8 +84,8 @@ async def test_stdio(project: Path, server_backend: str) -> None:
         )
         await wait_for(lambda: recorder.list_changed >= 1, timeout=90)
         assert _structured(await client.call_tool("extra", {"word": "a"})) == {"result": "A"}
-    assert not (project / "canary.txt").exists()
-    assert (project / "notes.log").read_text().splitlines() == ["first", "second"]
+    assert not (project / "out" / "canary.txt").exists()
+    assert (project / "out" / "notes.log").read_text().splitlines() == ["first", "second"]
 
 
 async def test_stdio_client_without_handshake_falls_back(project: Path) -> None:

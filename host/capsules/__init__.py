@@ -18,6 +18,8 @@ process and imports nothing of the host. What other wings may use is listed belo
 from ._code_results import CodeCall as CodeCall
 from ._code_results import CodeError as CodeError
 from ._code_results import CodeResult as CodeResult
+from ._guard import Containment as Containment
+from ._guard import containment as containment
 from ._process import minimal_env as minimal_env
 from ._sandbox import CodeSandbox as CodeSandbox
 from ._subprocess import check_interpreter as check_interpreter
@@ -36,6 +38,8 @@ __all__ = [
     "CodeCall",
     "CodeError",
     "CodeResult",
+    "Containment",
+    "containment",
     "CodeSandbox",
     "check_interpreter",
     "Supervisor",

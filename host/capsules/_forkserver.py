@@ -25,11 +25,13 @@ or to rule the server out).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
 import subprocess
 import sys
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -37,7 +39,16 @@ import anyio.abc
 from . import _wasm
 from ._process import protect_host
 
-__all__ = ["ForkUnavailable", "ForkedProcess", "Lease", "spawn", "spawn_leased", "wanted"]
+__all__ = [
+    "ForkUnavailable",
+    "ForkedProcess",
+    "Lease",
+    "Releasable",
+    "read_pid",
+    "spawn",
+    "spawn_leased",
+    "wanted",
+]
 
 _SWITCH = "TOOLHOST_FORKSERVER"
 
@@ -145,6 +156,13 @@ class Lease:
             await server.stop()
 
 
+class Releasable(Protocol):
+    """What a :class:`ForkedProcess` holds for itself: a lease on the process that
+    started it (this module's server, or the host's keeper: ``_keeper.py``)."""
+
+    async def release(self) -> None: ...
+
+
 class _Stream(anyio.abc.ByteReceiveStream):
     """The read end of a pipe, read without threads."""
 
@@ -183,7 +201,7 @@ class ForkedProcess(anyio.abc.Process):
         self._buffer = b""
         self._code: int | None = None
         self._stderr = _Stream(stderr)
-        self.lease: Lease | None = None
+        self.lease: Releasable | None = None
         """A lease this process holds for itself (:func:`spawn_leased`), released by
         :meth:`aclose` once the server has been let go of the child."""
 
@@ -259,7 +277,8 @@ class ForkedProcess(anyio.abc.Process):
                 await lease.release()
 
 
-async def _read_pid(status: int) -> int:
+async def read_pid(status: int) -> int:
+    """The ``P<pid>`` line a server writes on a status pipe once the child exists."""
     buffer = b""
     while not buffer.endswith(b"\n"):
         try:
@@ -285,6 +304,16 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
     """
     if not wanted():
         raise ForkUnavailable(f"{_SWITCH}=0")
+    # The preopens' descriptors travel with the request; their specs say which one is
+    # theirs by its place among them (the server knows them by its own numbers).
+    extra = [p.fd for p in spec.preopens if p.fd is not None]
+    numbered = iter(range(len(extra)))
+    spec = dataclasses.replace(
+        spec,
+        preopens=[
+            p if p.fd is None else dataclasses.replace(p, fd=next(numbered)) for p in spec.preopens
+        ],
+    )
     child_in, host_out = os.pipe()
     host_in, child_out = os.pipe()
     err_read, err_write = os.pipe()
@@ -293,11 +322,13 @@ async def spawn(lease: Lease, spec: _wasm.GuestSpec) -> tuple[ForkedProcess, int
     mine = [host_out, host_in, err_read, status_read]
     try:
         try:
-            await lease.server().request(spec, [child_in, child_out, err_write, status_write])
+            await lease.server().request(
+                spec, [child_in, child_out, err_write, status_write, *extra]
+            )
         finally:
             for fd in (child_in, child_out, err_write, status_write):
                 os.close(fd)
-        pid = await _read_pid(status_read)
+        pid = await read_pid(status_read)
     except BaseException:
         for fd in mine:
             os.close(fd)

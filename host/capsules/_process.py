@@ -22,11 +22,19 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.abc
 
-__all__ = ["descendants", "kill_tree", "minimal_env", "protect_host", "spawn_piped"]
+__all__ = [
+    "KEEP_DUMPABLE",
+    "descendants",
+    "kill_tree",
+    "minimal_env",
+    "protect_host",
+    "spawn_piped",
+]
 
 _PR_SET_DUMPABLE = 4
-_KEEP_DUMPABLE = "TOOLHOST_KEEP_DUMPABLE"
-"""Set to ``1`` to leave the host dumpable (for a debugger), giving up that protection."""
+KEEP_DUMPABLE = "TOOLHOST_KEEP_DUMPABLE"
+"""Set to ``1`` to leave the host and its capsules dumpable (for a debugger), giving up
+that protection."""
 
 
 def protect_host() -> bool:
@@ -37,7 +45,7 @@ def protect_host() -> bool:
     its environment or memory. It also means no core dumps, and a same-user debugger
     (``py-spy``, ``gdb -p``) needs root, unless ``TOOLHOST_KEEP_DUMPABLE=1``.
     """
-    if not sys.platform.startswith("linux") or os.environ.get(_KEEP_DUMPABLE) == "1":
+    if not sys.platform.startswith("linux") or os.environ.get(KEEP_DUMPABLE) == "1":
         return False
     try:
         import ctypes
@@ -49,13 +57,18 @@ def protect_host() -> bool:
 
 
 async def spawn_piped(
-    command: Sequence[str], *, cwd: str, env: Mapping[str, str]
+    command: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    pass_fds: Sequence[int] = (),
 ) -> tuple[anyio.abc.Process, int, int]:
     """Start ``command`` in a new session with two protocol pipes as its stdin and stdout.
 
     Returns ``(process, host_write_fd, host_read_fd)``; the caller owns both fds and must
     drain the process's stderr (a pipe). The child gets exactly ``env``; no other fd of
-    this process is inherited (the ends it needs are closed here once it has them).
+    this process is inherited (the ends it needs are closed here once it has them) but
+    ``pass_fds``, at the same numbers.
     The host is made non-dumpable first (:func:`protect_host`).
     """
     protect_host()
@@ -70,6 +83,7 @@ async def spawn_piped(
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except BaseException:
         for fd in (host_out, host_in):

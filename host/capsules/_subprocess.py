@@ -1,7 +1,10 @@
 """The subprocess capsule: ``python -m capsule`` in its own process group.
 
-The child gets a minimal environment (see ``_process.minimal_env``), an empty stdin for
-tool code, and speaks frames on its stdin/stdout pipes. Its stderr (logging, tracebacks
+The child is started by the host's keeper (``_keeper.py``), which kills whatever it leaves
+behind, or by the host itself where there is no keeper. It gets a minimal environment
+(see ``_process.minimal_env``) plus its settings (``TOOLHOST_CAPSULE``: the Landlock
+``Guard`` it confines itself to, see ``_guard.py``), an empty stdin for tool code, and
+speaks frames on its stdin/stdout pipes. Its stderr (logging, tracebacks
 printed by tools) is drained all the time into console events. Console output of both
 streams (stderr, and the ``console`` frames that carry what tools wrote to fd 1) passes one
 token bucket per capsule, enforced here in the host because the capsule is not trusted to
@@ -15,6 +18,9 @@ from __future__ import annotations
 import codecs
 import contextlib
 import functools
+import json
+import logging
+import os
 import signal
 import sys
 import time
@@ -31,7 +37,9 @@ from host._display import StreamRedactor
 from host._events import Event, EventBus
 from host.errors import CapsuleCrashed
 
-from ._process import kill_tree, spawn_piped
+from . import _keeper
+from ._guard import containment, project_guard
+from ._process import KEEP_DUMPABLE, kill_tree, spawn_piped
 from ._transport import (
     CLOSED_OUTPUT,
     CapsuleDied,
@@ -58,7 +66,14 @@ ExitReason = Callable[[int | None, bytes], str]
 
 _CAPSULE_DIR = str(Path(capsule.__file__).resolve().parent)
 _CAPSULE_PARENT = str(Path(_CAPSULE_DIR).parent)
+logger = logging.getLogger("toolhost.capsule")
+
+_SETTINGS = "TOOLHOST_CAPSULE"
+"""The capsule's settings, as JSON (read and removed by ``capsule/__main__.py``)."""
+CONFINE_EXIT = 78
+"""``capsule.__main__.CONFINE_EXIT``: the worker could not confine itself as asked."""
 _BOOTSTRAP = "import sys; sys.path.insert(0, {path!r}); from capsule.__main__ import main; main()"
+_UNDUMPABLE = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE
 _BOOTSTRAP_ELSEWHERE = (
     # Another interpreter (``[capsules] python``) gets the ``capsule`` package alone, not
     # the folder it lives in (the host's site-packages, perhaps), so the project's own
@@ -232,6 +247,11 @@ def exit_reason(code: int | None, stderr_tail: bytes = b"") -> str:
     del stderr_tail  # a CPython capsule's stderr is tool output, not a reason
     if code is None:
         return "it stopped answering"
+    if code == CONFINE_EXIT:
+        return (
+            f"it exited with status {code}: it could not confine its tools with Landlock "
+            "(its console output says why)"
+        )
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -455,29 +475,60 @@ async def start_subprocess(
     task_group: anyio.abc.TaskGroup,
     *,
     python: Path | None = None,
+    project: Path | None = None,
+    caches: tuple[Path, ...] = (),
 ) -> SubprocessTransport:
     """Start a ``python -m capsule`` child and load the tool files into it.
 
     ``python`` runs it under another interpreter (``[capsules] python``; checked first
     with :func:`check_interpreter`) with only the ``capsule`` package added to what it
     can import, so the tools import what that environment has installed.
+
+    With ``project`` (the project folder) and Landlock here, the worker confines itself
+    to that project's :class:`~host.capsules._guard.Guard` (``caches``: the host's cache
+    folders, never writable; nor is the environment of ``python``) before it loads a
+    tool.
     """
+    keep_dumpable = os.environ.get(KEEP_DUMPABLE) == "1"
+    # exec made the child dumpable again: its first line makes it not, before the imports
+    # (the capsule does it again, for a child started some other way).
+    first = "" if keep_dumpable or not sys.platform.startswith("linux") else _UNDUMPABLE
     if python is None:
-        command = [sys.executable, "-I", "-c", _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
+        command = [sys.executable, "-I", "-c", first + _BOOTSTRAP.format(path=_CAPSULE_PARENT)]
     else:
-        command = [str(python), "-I", "-c", _BOOTSTRAP_ELSEWHERE.format(package=_CAPSULE_DIR)]
+        bootstrap = _BOOTSTRAP_ELSEWHERE.format(package=_CAPSULE_DIR)
+        command = [str(python), "-I", "-c", first + bootstrap]
+    guard = None
+    if project is not None and containment().landlock:
+        # The other interpreter's environment runs in the host too (its check), so tools
+        # may not plant code there either.
+        extra = () if python is None else (Path(python).parent.parent,)
+        guard = project_guard(project, request.tools_dir, (*caches, *extra))
+    settings = {
+        "landlock": None if guard is None else guard.to_data(),
+        "dumpable": keep_dumpable,
+    }
+    env = {**request.env, _SETTINGS: json.dumps(settings)}
 
     async def spawn() -> tuple[anyio.abc.Process, int, int]:
-        return await spawn_piped(command, cwd=request.cwd, env=request.env)
+        if _keeper.available():
+            try:
+                return await _keeper.spawn(command, cwd=request.cwd, env=env)
+            except _keeper.KeeperUnavailable as exc:
+                logger.warning("starting a capsule without the keeper: %s", exc)
+        return await spawn_piped(command, cwd=request.cwd, env=env)
 
     return await start_process(request, events, task_group, spawn=spawn)
 
 
-def subprocess_capsules(python: Path | None) -> TransportFactory:
-    """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``)."""
-    if python is None:
+def subprocess_capsules(
+    python: Path | None, project: Path | None = None, caches: tuple[Path, ...] = ()
+) -> TransportFactory:
+    """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``),
+    confined to the guard of ``project`` when it is given (``caches``: see there)."""
+    if python is None and project is None:
         return start_subprocess
-    return functools.partial(start_subprocess, python=python)
+    return functools.partial(start_subprocess, python=python, project=project, caches=caches)
 
 
 _PROBE = (

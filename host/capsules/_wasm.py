@@ -20,6 +20,7 @@ The child loads this file by path: its top level imports the standard library on
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -127,6 +128,15 @@ class Preopen:
     """Bytes of disk a writable folder may use (see :func:`disk_usage`); ``None``: no
     limit. The child caps each file at the smallest quota (``RLIMIT_FSIZE``) and ends the
     guest when the folder's usage goes over it."""
+    fd: int | None = None
+    """A descriptor of the folder, opened once by the host, that the child inherits: the
+    child then mounts and measures exactly that folder (through ``/proc/self/fd``, which
+    is never looked up by name again), whatever ``host`` has become since."""
+
+    @property
+    def source(self) -> str:
+        """What the child opens: the inherited descriptor, else the path."""
+        return self.host if self.fd is None else f"/proc/self/fd/{self.fd}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,36 +164,59 @@ ENTRY_MIN: Final = 512
 """What :func:`disk_usage` counts at least for one file, folder or link."""
 
 
-def disk_usage(path: str) -> int:
-    """Bytes of disk the tree under ``path`` uses (``st_blocks``, directories included),
-    each entry at least :data:`ENTRY_MIN` (empty files cost inodes and directory space,
-    which ``st_blocks`` may not show: on tmpfs, none), symbolic links counted as
-    themselves, never followed; entries that vanish meanwhile are skipped. Hard links are
-    counted once per name (an overestimate).
+def disk_usage(folder: str | int) -> int:
+    """Bytes of disk the tree under ``folder`` (a path, or a descriptor of the folder)
+    uses (``st_blocks``, directories included), each entry at least :data:`ENTRY_MIN`
+    (empty files cost inodes and directory space, which ``st_blocks`` may not show: on
+    tmpfs, none), symbolic links counted as themselves, never followed; entries that
+    vanish meanwhile are skipped. Hard links are counted once per name (an overestimate).
+
+    The walk never leaves the tree and never looks a name up twice: each folder is opened
+    relative to the descriptor of its parent, without following a link, so a subfolder
+    swapped for a link between being listed and being opened is skipped, not entered.
 
     Raises:
-        OSError: a part of the tree cannot be measured (a path too long, say): callers
-            treat the folder as over its quota, never as empty.
+        OSError: a part of the tree cannot be measured (too deep for the descriptors this
+            process may hold, say): callers treat the folder as over its quota, never as
+            empty.
     """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if isinstance(folder, int):
+        top = os.open(".", flags, dir_fd=folder)  # a fresh description: its own offset
+    else:
+        top = os.open(folder, flags | os.O_NOFOLLOW)
     total = 0
-    stack = [path]
-    while stack:
-        folder = stack.pop()
-        try:
-            entries = os.scandir(folder)
-        except (FileNotFoundError, NotADirectoryError):
-            if folder == path:
+    # The folders being listed, outermost first: only the current path holds descriptors.
+    stack = [(top, os.scandir(top))]
+    try:
+        while stack:
+            fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            total += max(info.st_blocks * 512, ENTRY_MIN)
+            if not stat.S_ISDIR(info.st_mode):
+                continue
+            try:
+                sub = os.open(entry.name, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed or replaced since it was listed
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    continue  # replaced by a link since it was listed: never followed
                 raise
-            continue  # removed or replaced since it was listed
-        with entries:
-            for entry in entries:
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                total += max(info.st_blocks * 512, ENTRY_MIN)
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(entry.path)
+            stack.append((sub, os.scandir(sub)))
+    finally:
+        for fd, entries in stack:
+            entries.close()
+            os.close(fd)
     return total
 
 
@@ -309,7 +342,7 @@ def run_guest(spec: GuestSpec, loaded: tuple[Any, Any, Any] | None = None) -> in
     wasi.inherit_stderr()
     for preopen in spec.preopens:
         # Always pass the flag: wasmtime-py's default is writable.
-        wasi.preopen_dir(preopen.host, preopen.guest, preopen.writable)
+        wasi.preopen_dir(preopen.source, preopen.guest, preopen.writable)
     store.set_wasi(wasi)
     try:
         instance = linker.instantiate(store, module)
@@ -405,8 +438,12 @@ async def spawn_guest(spec: GuestSpec) -> tuple[Any, int, int]:
     """Start a child running one guest; returns (process, host_write_fd, host_read_fd).
 
     The child's stdin and stdout are the two pipes (the guest inherits them), its stderr
-    is a pipe the caller must drain, it has its own process group and a bare environment.
+    is a pipe the caller must drain, it has its own process group and a bare environment,
+    and it inherits the descriptors of the preopens that have one (same numbers).
     """
     from ._process import spawn_piped  # here: the child loads this file on its own
 
-    return await spawn_piped(child_command(), cwd=str(_HOST_ROOT), env=child_env(spec))
+    fds = [p.fd for p in spec.preopens if p.fd is not None]
+    return await spawn_piped(
+        child_command(), cwd=str(_HOST_ROOT), env=child_env(spec), pass_fds=fds
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -27,6 +28,7 @@ from host._events import EventBus
 from host.settings import CapsulesConfig, DataFolder
 
 from . import _forkserver, _wasm, _wasm_cache
+from ._guard import containment
 from ._subprocess import (
     SubprocessTransport,
     exit_reason,
@@ -72,11 +74,12 @@ def _exit_reason(code: int | None, tail: bytes) -> str:
     return exit_reason(code)
 
 
-async def _check_quota(folder: Path, quota: int) -> None:
-    """Refuse to start a capsule on a data folder already over its quota: a capsule the
-    quota stopped would otherwise be restarted to write more."""
+async def _check_quota(folder: Path, fd: int, quota: int) -> None:
+    """Refuse to start a capsule on a data folder (``fd``, opened at ``folder``) already
+    over its quota: a capsule the quota stopped would otherwise be restarted to write
+    more."""
     try:
-        used = await anyio.to_thread.run_sync(_wasm.disk_usage, str(folder))
+        used = await anyio.to_thread.run_sync(_wasm.disk_usage, fd)
     except OSError as exc:
         raise LoadFailed(
             "the policy's data folder is over its quota or cannot be measured "
@@ -197,14 +200,41 @@ def _subset(request: LoadRequest, files: list[str]) -> LoadRequest:
     return dataclasses.replace(request, files=files, tools=tools)
 
 
-def _data_folder(data: DataFolder | None, root: Path) -> Path | None:
-    """The data folder checked again now: it may have gone, or become a link, since."""
+def _open_beneath(root: Path, folder: Path) -> int:
+    """A descriptor of ``folder``, reached from the project folder ``root`` one name at a
+    time and never through a symbolic link (``O_NOFOLLOW`` on each), so it is the folder
+    the check saw, or an error."""
+    project = root.resolve()
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(project, flags)
+    try:
+        for name in folder.relative_to(project).parts:
+            inner = os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _data_folder(data: DataFolder | None, root: Path) -> tuple[Path, int] | None:
+    """The data folder checked again now (it may have gone, or become a link, since), and
+    opened once: everything after this uses the descriptor, never the path."""
     if data is None:
         return None
     try:
-        return data.resolve(root)
+        folder = data.resolve(root)
     except ValueError as exc:
         raise LoadFailed(f"the policy's data folder is refused: {exc}", LoadReport()) from None
+    try:
+        return folder, _open_beneath(root, folder)
+    except OSError as exc:
+        raise LoadFailed(
+            f"the policy's data folder is refused: {data.path!r} changed while it was "
+            f"checked ({exc.strerror or type(exc).__name__}; a link where a folder was?)",
+            LoadReport(),
+        ) from None
 
 
 def mixed_factory(
@@ -224,7 +254,20 @@ def mixed_factory(
     chosen = set(wasm_files)
 
     async def start(request: LoadRequest, events: EventBus, task_group: anyio.abc.TaskGroup) -> Any:
-        folder = _data_folder(data, root or Path(request.cwd))
+        opened = _data_folder(data, root or Path(request.cwd))
+        try:
+            return await started(request, events, task_group, opened)
+        finally:
+            if opened is not None:
+                os.close(opened[1])  # the capsule has its own copy, or never started
+
+    async def started(
+        request: LoadRequest,
+        events: EventBus,
+        task_group: anyio.abc.TaskGroup,
+        opened: tuple[Path, int] | None,
+    ) -> Any:
+        folder = None if opened is None else opened[0]
         in_wasm = [f for f in request.files if default == "wasm" or f in chosen]
         others = [f for f in request.files if f not in in_wasm]
         parts: list[Transport] = []
@@ -232,12 +275,15 @@ def mixed_factory(
 
         async def wasm(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:
             mount = None
-            if folder is not None:
+            if opened is not None:
                 assert data is not None
+                path, fd = opened
                 quota = data.quota if data.writable else None
-                mount = _wasm.Preopen(str(folder), DATA_GUEST, writable=data.writable, quota=quota)
+                mount = _wasm.Preopen(
+                    str(path), DATA_GUEST, writable=data.writable, quota=quota, fd=fd
+                )
                 if quota is not None:
-                    await _check_quota(folder, quota)
+                    await _check_quota(path, fd, quota)
             return await start_wasm_capsule(request, events, tg, data=mount)
 
         async def native(request: LoadRequest, events: EventBus, tg: anyio.abc.TaskGroup) -> Any:
@@ -269,11 +315,20 @@ def mixed_factory(
     return start
 
 
+def _caches() -> tuple[Path, ...]:
+    """The host's cache folders, which tools may never write."""
+    found = [_wasm_cache.cache_root()]
+    scopes = os.environ.get("TOOLHOST_CACHE_DIR")
+    if scopes:
+        found.append(Path(scopes))
+    return tuple(found)
+
+
 def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
-    subprocess capsules (under ``[capsules] python``, if set), plus a Wasm capsule for the
-    files it names."""
-    native = subprocess_capsules(capsules.interpreter(root))
+    subprocess capsules (under ``[capsules] python``, if set; confined to the project's
+    guard), plus a Wasm capsule for the files it names."""
+    native = subprocess_capsules(capsules.interpreter(root), root, _caches())
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(
             capsules.wasm,
@@ -293,14 +348,22 @@ def _size(size: int) -> str:
 
 
 def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str]:
-    """Where ``[capsules]`` runs the tools of ``file``, as data and as one line of text
-    (``toolhost policy check`` prints them)."""
+    """Where ``[capsules]`` runs the tools of ``file``, as data and as text whose last
+    line says where (``toolhost policy check`` prints them); for a subprocess capsule,
+    also how it is confined, and a warning line before it when Landlock is missing."""
     kind = "wasm" if capsules.default == "wasm" or file in capsules.wasm else "subprocess"
     text = f"capsule: {kind}"
     data: dict[str, Any] = {"kind": kind, "data": None}
     if kind == "subprocess" and capsules.python is not None:
         data["python"] = capsules.python
         text += f" under {capsules.python}"
+    warning = None
+    if kind == "subprocess":
+        held = containment()
+        data["containment"] = held.to_data()
+        if held.landlock:
+            text += f", confined by Landlock (ABI {held.abi})"
+        warning = held.warning()
     folder = capsules.data
     if folder is not None:
         mode = "writable" if folder.writable else "read-only"
@@ -318,4 +381,6 @@ def capsule_of(capsules: CapsulesConfig, file: str) -> tuple[dict[str, Any], str
             "quota": folder.quota,
             "guest": where,
         }
+    if warning is not None:
+        text = f"warning: {warning}\n{text}"
     return data, text

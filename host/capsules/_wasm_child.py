@@ -16,7 +16,8 @@ so a new guest skips the interpreter start, ``import wasmtime`` and the module l
 stdin is a Unix socket from the host; each request is a :class:`GuestSpec` as JSON with
 four descriptors attached: the guest's stdin, stdout and stderr, and a status pipe on
 which the server writes ``P<pid>`` once the child exists and ``X<code>`` once it has
-ended (a negative code is a signal). The child is reaped only when the host closes its
+ended (a negative code is a signal); then one per preopen the host opened itself (a data
+folder), which the spec numbers by its place among them. The child is reaped only when the host closes its
 end of the status pipe (until then its pid cannot be reused, so the host may still
 kill it by pid); a child whose status pipe is closed before it ended is killed.
 
@@ -35,6 +36,7 @@ them (``_wasm_cache.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -78,7 +80,9 @@ _QUOTA_TICK = 0.05
 guest writes at most this long (or four times a measurement, if that is longer) past one."""
 
 
-def _watch_quota(wasm: ModuleType, limited: list[tuple[str, int]]) -> None:
+def _watch_quota(wasm: ModuleType, limited: list[tuple[str | int, int]]) -> None:
+    """Measure each folder (by the descriptor the host opened, where it did) until one is
+    over its quota, then end this process."""
     while True:
         started = time.monotonic()
         for folder, quota in limited:
@@ -102,7 +106,11 @@ def _limit_writes(wasm: ModuleType, spec: Any) -> None:
     (``RLIMIT_FSIZE``: a write beyond fails with ``EFBIG``, since ``SIGXFSZ`` is ignored),
     and a watcher thread ends this process once a folder uses more than its quota.
     Called on the main thread (signals), after the fork server forked this child."""
-    limited = [(p.host, p.quota) for p in spec.preopens if p.writable and p.quota is not None]
+    limited = [
+        (p.host if p.fd is None else p.fd, p.quota)
+        for p in spec.preopens
+        if p.writable and p.quota is not None
+    ]
     if not limited:
         return
     import resource
@@ -189,6 +197,8 @@ def main(argv: list[str]) -> int:
 # -- the fork server ----------------------------------------------------------------------
 
 _PR_SET_PDEATHSIG = 1
+_MAX_PREOPENS = 8
+"""Descriptors of preopens one request may carry."""
 _TICK_MS = 200
 """How often the server checks that the host is still its parent."""
 
@@ -272,30 +282,38 @@ class _Zygote:
         import socket
 
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self._socket, 1 << 20, 4)
+            data, fds, _flags, _addr = socket.recv_fds(self._socket, 1 << 20, 4 + _MAX_PREOPENS)
         except OSError:
             return False
         if not data:
             for fd in fds:
                 os.close(fd)
             return False
-        if len(fds) != 4:
+        if len(fds) < 4:
             for fd in fds:
                 os.close(fd)
             return True
-        stdin, stdout, stderr, status = fds
+        stdin, stdout, stderr, status = fds[:4]
+        extra = fds[4:]  # the preopens' descriptors, in the order their specs number them
         pid = -1
         try:
             spec = self._wasm.GuestSpec.from_json(data.decode())
+            spec = dataclasses.replace(
+                spec,
+                preopens=[
+                    p if p.fd is None else dataclasses.replace(p, fd=extra[p.fd])
+                    for p in spec.preopens
+                ],
+            )
             if _threads() != 1:
                 raise RuntimeError("the fork server has threads; it cannot fork safely")
             pid = os.fork()
             if pid == 0:
-                self._child(spec, stdin, stdout, stderr)  # never returns
+                self._child(spec, stdin, stdout, stderr, extra)  # never returns
         except Exception as exc:
             os.write(stderr, f"toolhost-wasm: the fork server failed: {exc}\n".encode())
         finally:
-            for fd in (stdin, stdout, stderr):
+            for fd in (stdin, stdout, stderr, *extra):
                 os.close(fd)
         if pid <= 0:
             os.close(status)  # no pid: the host falls back to a child of its own
@@ -307,7 +325,7 @@ class _Zygote:
         self._reap_check()
         return True
 
-    def _child(self, spec: Any, stdin: int, stdout: int, stderr: int) -> None:
+    def _child(self, spec: Any, stdin: int, stdout: int, stderr: int, keep: list[int]) -> None:
         import signal
 
         try:
@@ -320,7 +338,7 @@ class _Zygote:
                 os._exit(1)
             for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
                 os.dup2(fd, target)
-            for fd in _open_fds() - self._keep - {0, 1, 2}:
+            for fd in _open_fds() - self._keep - {0, 1, 2, *keep}:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             os.environ.clear()  # the guest gets spec.env only; this process needs nothing

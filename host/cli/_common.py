@@ -260,6 +260,8 @@ def print_events(event: Event) -> None:
         event.kind == "capsule_started" and data.get("restart")
     ) or event.kind == "policy_missing":
         note(str(data.get("message")))
+    elif event.kind == "landlock_unavailable":
+        note(f"warning: {data.get('message')}")
     elif event.kind == "policy_warning":
         note(f"policy warning: {data.get('text')}")
     elif event.kind == "policy_reload_failed":

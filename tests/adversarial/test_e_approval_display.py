@@ -99,7 +99,10 @@ class Ops:
 
 @pytest.fixture
 def ops(make_project: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ops:
-    marker = tmp_path / "ops.jsonl"
+    # In a folder of its own: a subprocess capsule may not create files directly in the
+    # folders above the project (Landlock; README, "The capsule").
+    marker = tmp_path / "out" / "ops.jsonl"
+    marker.parent.mkdir()
     monkeypatch.setenv("OPS_MARKER", str(marker))
     monkeypatch.setenv("OPS_TOKEN", TOKEN)
     return Ops(make_project(TOOLS, policy=POLICY), marker)

@@ -1,0 +1,262 @@
+"""Landlock from the standard library: the worker of a subprocess capsule gives up, before
+it loads a tool, writing anywhere but where it may, reading the host's state, and
+signalling or tracing any process outside its own tree (Linux 5.13 and later).
+
+Three syscalls, called through ctypes. A *ruleset* names the rights it handles; a rule
+grants some of them beneath one file or folder (the whole subtree); after
+``landlock_restrict_self`` every handled right that no rule grants is denied to this
+thread and every process or thread it starts later (the domain is inherited and cannot
+be left). So it must run before the capsule starts a thread: a thread started earlier
+stays outside the domain.
+
+What the capsule is asked for (:func:`restrict`, from the host's ``Guard``):
+
+* **writes** (create, remove, rename, write, truncate) only beneath the ``write`` roots,
+  minus the ``deny_write`` paths;
+* **reads** of file contents everywhere but beneath ``deny_read`` (folder listings stay
+  allowed: names of the denied folders' entries show, their contents do not);
+* **scopes** (ABI 6): no signal to a process outside the domain (the reaper, the host,
+  another session's capsule) and no connection to an abstract Unix socket made outside it.
+  Landlock also denies tracing (``ptrace``, ``/proc/PID/mem``) of processes outside it.
+
+Landlock only grants. "All of this root but that path" is built from the complement:
+every entry of each folder on the way from the root down to a denied path gets its own
+rule, except the folder holding the denied path, which gets none. The price: nothing can
+be created, removed or renamed directly in such a folder (the project folder, and the
+folders above it up to the write root), and a file created there later has no rule (its
+contents cannot be read either). Symbolic links get no rule: a path through one is
+checked where it leads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["abi", "restrict", "SCOPED_ABI"]
+
+_CREATE_RULESET = 444  # the same numbers on every architecture using the generic table
+_ADD_RULE = 445
+_RESTRICT_SELF = 446
+_VERSION = 1 << 0  # landlock_create_ruleset(NULL, 0, VERSION) returns the ABI
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+_EXECUTE = 1 << 0
+_WRITE_FILE = 1 << 1
+_READ_FILE = 1 << 2
+_REMOVE_DIR = 1 << 4
+_REMOVE_FILE = 1 << 5
+_MAKE_CHAR = 1 << 6
+_MAKE_DIR = 1 << 7
+_MAKE_REG = 1 << 8
+_MAKE_SOCK = 1 << 9
+_MAKE_FIFO = 1 << 10
+_MAKE_BLOCK = 1 << 11
+_MAKE_SYM = 1 << 12
+_REFER = 1 << 13  # ABI 2
+_TRUNCATE = 1 << 14  # ABI 3
+_IOCTL_DEV = 1 << 15  # ABI 5
+
+_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+_SCOPE_SIGNAL = 1 << 1  # ABI 6
+SCOPED_ABI = 6
+"""The first ABI with scopes (signals, abstract Unix sockets): Linux 6.12."""
+
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+_FS_LATEST = (1 << 16) - 1  # ABI 5 and later (checked up to 7)
+
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
+"""The only rights a rule on something other than a folder may carry (else EINVAL)."""
+
+_WRITE_RIGHTS = (
+    _WRITE_FILE
+    | _TRUNCATE
+    | _REMOVE_DIR
+    | _REMOVE_FILE
+    | _MAKE_CHAR
+    | _MAKE_DIR
+    | _MAKE_REG
+    | _MAKE_SOCK
+    | _MAKE_FIFO
+    | _MAKE_BLOCK
+    | _MAKE_SYM
+)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),  # ABI 4
+        ("scoped", ctypes.c_uint64),  # ABI 6
+    )
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # __attribute__((packed)): 12 bytes
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> int:
+    """Judge by the return value; only then is errno meaningful."""
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI: 0 if it has none (not built, or disabled at boot)."""
+    try:
+        syscall = _libc().syscall
+    except (OSError, AttributeError):
+        return 0
+    syscall.restype = ctypes.c_long
+    result = int(syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_VERSION)))
+    return max(result, 0)
+
+
+class _Ruleset:
+    """A ruleset being built, clamped to what the running kernel knows."""
+
+    def __init__(self, version: int, fs: int, scoped: int) -> None:
+        self._libc = _libc()
+        self._syscall = self._libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self.fs = fs & _FS_BY_ABI.get(version, _FS_LATEST)
+        self.scoped = scoped if version >= SCOPED_ABI else 0
+        attr = _RulesetAttr(self.fs, 0, self.scoped)
+        # The smallest size that holds the fields used: an older kernel refuses a larger
+        # struct whose tail it does not know (E2BIG) unless that tail is zero.
+        size = 24 if self.scoped else 8
+        self.fd = _check(
+            self._syscall(
+                _CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
+            ),
+            "landlock_create_ruleset",
+        )
+
+    def grant(self, path: str, access: int) -> None:
+        """Grant ``access`` beneath ``path``; a path that cannot be opened stays denied."""
+        access &= self.fs
+        if not access:
+            return
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return  # gone, or out of reach for this user anyway: nothing granted
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISLNK(info.st_mode):
+                return  # a link: what it leads to is checked where it lives
+            if not stat.S_ISDIR(info.st_mode):
+                access &= _FILE_RIGHTS
+                if not access:
+                    return
+            attr = _PathBeneathAttr(access, fd)
+            _check(
+                self._syscall(
+                    _ADD_RULE,
+                    ctypes.c_int(self.fd),
+                    ctypes.c_int(_RULE_PATH_BENEATH),
+                    ctypes.byref(attr),
+                    ctypes.c_uint32(0),
+                ),
+                f"landlock_add_rule({path!r})",
+            )
+        finally:
+            os.close(fd)
+
+    def enforce(self) -> None:
+        """No new privileges, then the domain: this thread and everything it starts."""
+        try:
+            _check(self._libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+            _check(
+                self._syscall(_RESTRICT_SELF, ctypes.c_int(self.fd), ctypes.c_uint32(0)),
+                "landlock_restrict_self",
+            )
+        finally:
+            os.close(self.fd)
+
+
+def _real(paths: Iterable[str]) -> list[str]:
+    """Each path with its links resolved (rules bind what a name leads to), in order."""
+    return sorted({os.path.realpath(p) for p in paths})
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _grant_except(rules: _Ruleset, root: str, denied: Sequence[str], access: int) -> None:
+    """Grant ``access`` beneath ``root`` except beneath each ``denied`` path.
+
+    Every folder from ``root`` down to the parent of a denied path gets no rule of its
+    own; every other entry of such a folder gets one (its whole subtree).
+    """
+    inside = {d for d in denied if _under(d, root)}
+    if root in inside:
+        return
+    if not inside:
+        rules.grant(root, access)
+        return
+    ancestors: set[str] = set()
+    for path in inside:
+        folder = os.path.dirname(path)
+        while _under(folder, root):
+            ancestors.add(folder)
+            if folder == root:
+                break
+            folder = os.path.dirname(folder)
+    for folder in sorted(ancestors):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue  # nothing beneath it is granted
+        for name in names:
+            entry = os.path.join(folder, name)
+            if entry in ancestors or entry in inside:
+                continue
+            rules.grant(entry, access)
+
+
+def restrict(spec: Mapping[str, Any]) -> int:
+    """Confine this process (and everything it starts) as ``spec`` says; returns the ABI.
+
+    ``spec``: ``write`` (roots beneath which writing is allowed), ``deny_write`` and
+    ``deny_read`` (paths beneath which it is not; a path need not exist). Call it before
+    any thread starts.
+
+    Raises:
+        OSError: Landlock is missing or refused the ruleset; nothing was restricted
+            (unless the very last step failed, which leaves the process as restricted
+            as the kernel got it).
+    """
+    version = abi()
+    if version < 1:
+        raise OSError(38, "this kernel has no Landlock")
+    deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
+    deny_read = _real(spec.get("deny_read", ()))
+    rules = _Ruleset(
+        version,
+        fs=_WRITE_RIGHTS | _READ_FILE | _REFER,
+        scoped=_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET,
+    )
+    # A cross-folder rename or link needs REFER, which every ruleset denies unless it is
+    # granted: grant it everywhere. A move that would give a file more rights where it
+    # lands (out of a denied folder) is still refused (EXDEV), and creating or removing
+    # entries still needs the other rights.
+    rules.grant("/", _REFER)
+    _grant_except(rules, "/", deny_read, _READ_FILE)
+    for root in _real(spec.get("write", ())):
+        if not any(_under(root, d) for d in deny_write):
+            _grant_except(rules, root, deny_write, _WRITE_RIGHTS)
+    rules.enforce()
+    return version
