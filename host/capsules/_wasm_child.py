@@ -17,9 +17,10 @@ stdin is a Unix socket from the host; each request is a :class:`GuestSpec` as JS
 four descriptors attached: the guest's stdin, stdout and stderr, and a status pipe on
 which the server writes ``P<pid>`` once the child exists and ``X<code>`` once it has
 ended (a negative code is a signal); then one per preopen the host opened itself (a data
-folder), which the spec numbers by its place among them. The child is reaped only when the host closes its
-end of the status pipe (until then its pid cannot be reused, so the host may still
-kill it by pid); a child whose status pipe is closed before it ended is killed.
+folder), which the spec numbers by its place among them. The child is reaped only when
+the host closes its end of the status pipe (until then its pid cannot be reused, so the
+host may still kill it by pid); a child whose status pipe is closed before it ended is
+killed.
 
 The server stays single-threaded (nothing wasmtime loads starts a thread; it is checked
 before every fork), so forking is safe. A forked child starts its own session, keeps no
