@@ -527,7 +527,9 @@ class Mediator:
     ) -> Any:
         """``_execute`` with hooks: started, the call, done, the chains."""
         hooks = self.hooks
-        ctx = HookContext(record.session, record.caller, tuple(chain), {}, self.host_id)
+        ctx = HookContext(
+            record.session, record.caller, tuple(chain), supervisor.metadata, self.host_id
+        )
         info = hooks.info(record.call_id, record.tool, bound.arguments, record.caller or "")
         try:
             await hooks.started(ctx, info, progress)

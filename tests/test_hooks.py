@@ -416,3 +416,14 @@ async def test_a_nested_call_runs_the_hooks_too_marked_by_its_caller_and_chain(
         ("success", "shout", "tool", ("app", "relay"), "HI"),
         ("success", "relay", "app", (), "<HI>"),
     ]
+
+
+async def test_hooks_see_the_session_metadata(make_project: Callable[..., Path]) -> None:
+    project = make_project(TOOLS, POLICY)
+    seen: list[dict[str, Any]] = []
+    async with Host.open(project) as host:
+        host.hook(lambda ctx, call, progress: seen.append(dict(ctx.metadata)), "tool_call_started")
+        async with host.session(metadata={"user": "ana", "thread": 7}) as session:
+            assert await session.call("shout", "x") == "X"
+        await host.call("shout", "y")
+    assert seen == [{"user": "ana", "thread": 7}, {}]

@@ -22,6 +22,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -97,6 +98,11 @@ class Supervisor:
         self._closed = False
         self.failed_files: dict[str, str] = {}
         """Tool file -> why it is unavailable (it failed to load)."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The read-only values the app gave this session (what tools and hooks see)."""
+        return MappingProxyType(self._metadata)
 
     def __repr__(self) -> str:
         state = "running" if self._transport is not None and self._transport.alive else "stopped"
