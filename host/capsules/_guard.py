@@ -64,16 +64,19 @@ class Guard:
         }
 
 
-def project_guard(root: Path, tools_dir: str | Path, caches: Iterable[Path] = ()) -> Guard:
+def project_guard(
+    root: Path, tools_dir: str | Path, caches: Iterable[Path] = (), private: Iterable[Path] = ()
+) -> Guard:
     """The guard of a project folder: what is written above, for tools loaded from
-    ``tools_dir``; ``caches`` are the host's cache folders (never writable either)."""
+    ``tools_dir``; ``caches`` are the host's cache folders (never writable either);
+    ``private`` are folders tools may neither read nor write (the host's key)."""
     root = Path(root)
     protected = [root / name for name in PROTECTED]
     code = [*_HOST_CODE, Path(sys.prefix)]
     return Guard(
         write=(str(root), *WRITABLE),
         deny_write=tuple(str(p) for p in (*protected, Path(tools_dir), *caches, *code)),
-        deny_read=(str(root / ".agent"),),
+        deny_read=(str(root / ".agent"), *(str(p) for p in private)),
     )
 
 

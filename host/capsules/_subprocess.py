@@ -36,6 +36,7 @@ from capsule.protocol import BadFrame
 from host._display import StreamRedactor
 from host._events import Event, EventBus
 from host.errors import CapsuleCrashed
+from host.trust import key_path
 
 from . import _keeper
 from ._guard import containment, project_guard
@@ -503,7 +504,11 @@ async def start_subprocess(
         # The other interpreter's environment runs in the host too (its check), so tools
         # may not plant code there either.
         extra = () if python is None else (Path(python).parent.parent,)
-        guard = project_guard(project, request.tools_dir, (*caches, *extra))
+        # The host's key signs what the host trusts (grants, the journal, caches): a tool
+        # that could read it could forge them.
+        guard = project_guard(
+            project, request.tools_dir, (*caches, *extra), private=(key_path().parent,)
+        )
     settings = {
         "landlock": None if guard is None else guard.to_data(),
         "dumpable": keep_dumpable,

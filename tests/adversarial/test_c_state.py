@@ -63,7 +63,7 @@ TAMPER = {
             os.replace(tmp, target)
 
 
-        def tamper(root: str) -> dict:
+        def tamper(root: str, key: str) -> dict:
             """Every way at the host's state, tools and policy this tool can think of."""
             agent = os.path.join(root, ".agent")
             db = os.path.join(agent, "state.db")
@@ -73,6 +73,7 @@ TAMPER = {
             tried = {
                 "insert a grant": _try(lambda: _grant(db)),
                 "read the state": _try(lambda: open(db, "rb").close()),
+                "read the host's key": _try(lambda: open(key, "rb").close()),
                 "delete the state": _try(lambda: os.unlink(db)),
                 "move .agent away": _try(lambda: os.rename(agent, os.path.join(out, "a"))),
                 "link the state out": _try(lambda: os.link(db, os.path.join(out, "hard"))),
@@ -114,7 +115,9 @@ SCRIPT = """
             said = [dict(e.data) for e in host.events.recent if e.kind == "landlock_unavailable"]
             say(said=said)
             if ARGS[0] == "tamper":
-                say(tried=await host.call("tamper", PROJECT))
+                from host.trust import key_path
+
+                say(tried=await host.call("tamper", PROJECT, str(key_path())))
             say(quick=await host.call("quick"))
 
     anyio.run(main)
