@@ -19,6 +19,7 @@ from host import (
     ToolTimeout,
     ToolUnavailable,
 )
+from host.capsules._transport import Connection  # pyright: ignore[reportPrivateUsage]
 
 from .fixtures.e2e.helpers import (
     LAB,
@@ -74,6 +75,9 @@ async def test_other_calls_in_flight_fail_when_a_call_times_out() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "hang")
             await wait_until(lambda: calls_in_flight(host) == 1, what="hang in the capsule")
+            # Not a wait for another task: the two deadlines must fall in different ticks
+            # of the connection's watchdog, so that hang's expires while nap is in flight.
+            await anyio.sleep(4 * Connection.TICK)
             tg.start_soon(run, "nap", 100)
         assert isinstance(outcomes["hang"], ToolTimeout)
         assert isinstance(outcomes["nap"], CapsuleCrashed)
