@@ -378,29 +378,18 @@ class Mediator:
             args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
             chain=chain_text,
         )
-        if parent is None:
-            self.events.emit(
-                "policy_decision",
-                session,
-                call_id=call_id,
-                tool=tool,
-                caller=caller,
-                decision=decision.decision,
-                rule=decision.rule,
-                policy_version=policy_version,
-            )
-        else:
-            self.events.emit(
-                "policy_decision",
-                session,
-                call_id=call_id,
-                tool=tool,
-                caller=caller,
-                decision=decision.decision,
-                rule=decision.rule,
-                policy_version=policy_version,
-                chain=chain,
-            )
+        nested = {} if parent is None else {"chain": chain}  # only a nested call has one
+        self.events.emit(
+            "policy_decision",
+            session,
+            call_id=call_id,
+            tool=tool,
+            caller=caller,
+            decision=decision.decision,
+            rule=decision.rule,
+            policy_version=policy_version,
+            **nested,
+        )
         if self.tracing is not None:
             self.tracing.event(
                 "policy_decision",
