@@ -260,6 +260,24 @@ async def test_an_answer_given_through_the_store_still_approves(
     assert results == ["sent 1 to alice"] and b.ran() == [{"transfer": "alice", "amount": 1}]
 
 
+@pytest.mark.subprocess
+async def test_a_tool_cannot_read_the_hosts_key(bank: Callable[..., Bank]) -> None:
+    """What makes the MACs unforgeable: a subprocess tool cannot read the key's file
+    where Landlock holds it (the host says at start when it cannot)."""
+    from host.capsules import containment
+    from host.trust import host_key
+
+    b = bank()
+    key = host_key().path
+    async with b.open(capsule=None) as host:
+        seen = await host.call("peek", str(key))
+        said = [e for e in host.events.recent if "Landlock" in str(e.data)]
+    if containment().landlock:
+        assert seen == "EACCES"
+    else:  # the tool can read it: the host said so at start
+        assert seen == "read" and said
+
+
 # -- the journal -----------------------------------------------------------------------------
 
 
