@@ -395,7 +395,8 @@ class Mediator:
                 "policy_decision",
                 {"gen_ai.tool.name": tool, "decision": decision.decision, "rule": decision.rule},
             )
-        ticket = await self._admit(record, decision, policy, bound, chain)
+        above = chain if parent is not None else ()  # what hooks and events call the chain
+        ticket = await self._admit(record, decision, policy, bound, above)
         if ticket is not None:  # the approval is spent here, on exactly these bytes
             try:
                 ticket.redeem(call_id, session, tool, bound.encoded)
@@ -406,7 +407,6 @@ class Mediator:
         if spec.context is not None:
             frame = CallFrame(number, call_id, session, tool, caller, chain, spec.uses, root)
             self._frames[number] = frame
-        above = chain if parent is not None else ()  # what hooks and events call the chain
         try:
             if self.tracing is None:
                 value = await self._execute(supervisor, number, spec, bound, record, above, frame)

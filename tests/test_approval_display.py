@@ -186,7 +186,7 @@ async def test_the_request_shows_escaped_arguments(desk: Callable[..., Desk]) ->
 # -- the terminal approver -----------------------------------------------------------------
 
 
-def request(warnings: tuple[str, ...] = ()) -> ApprovalRequest:
+def request(warnings: tuple[str, ...] = (), chain: tuple[str, ...] = ()) -> ApprovalRequest:
     return ApprovalRequest(
         id="r1",
         call_id="h.1",
@@ -202,16 +202,19 @@ def request(warnings: tuple[str, ...] = ()) -> ApprovalRequest:
         size=12,
         policy_version="v1",
         timeout=120.0,
+        chain=chain,
     )
 
 
-def ask(answers: str, warnings: tuple[str, ...] = ()) -> tuple[Approval, str]:
+def ask(
+    answers: str, warnings: tuple[str, ...] = (), chain: tuple[str, ...] = ()
+) -> tuple[Approval, str]:
     from rich.console import Console
 
     out = io.StringIO()
     console = Console(file=out, width=100, color_system=None)
     approver = TerminalApprover(console=console, stdin=io.StringIO(answers))
-    return approver._ask(request(warnings)), out.getvalue()  # pyright: ignore[reportPrivateUsage]
+    return approver._ask(request(warnings, chain)), out.getvalue()  # pyright: ignore[reportPrivateUsage]
 
 
 @pytest.mark.parametrize(
@@ -236,6 +239,13 @@ def test_the_terminal_prompt(answer: str, allow: bool, remember: str, scope: str
     assert "[y] allow once" in shown and "[d] always deny" in shown
     assert "[f] show the arguments in full" in shown
     assert "NOT EVERYTHING IS SHOWN" not in shown  # nothing was cut
+
+
+def test_a_nested_call_shows_who_asked_for_it() -> None:
+    _, shown = ask("n\n", chain=("agent", "relay"))
+    assert "via" in shown and "agent → relay → kanban.close" in shown
+    _, shown = ask("n\n")
+    assert "→" not in shown  # a call made by its caller directly has no chain
 
 
 def test_warnings_need_a_typed_confirmation() -> None:

@@ -97,7 +97,14 @@ def open_inbox(context: Any, served: ServedHost) -> Any:
     return page
 
 
-def inject(served: ServedHost, pending_id: str, *, expires_in: float, offered: bool = True) -> None:
+def inject(
+    served: ServedHost,
+    pending_id: str,
+    *,
+    expires_in: float,
+    offered: bool = True,
+    chain: tuple[str, ...] = (),
+) -> None:
     """A pending approval written straight to the store, as a host that waits would."""
     host = served.serve.host
     assert host is not None
@@ -116,6 +123,7 @@ def inject(served: ServedHost, pending_id: str, *, expires_in: float, offered: b
         args_sha256="0" * 64,
         rendered='target = "venus"',
         offered=offered,
+        chain=chain,
     )
     served.run(host.store.add_pending, row)
 
@@ -238,9 +246,11 @@ def test_a_request_gets_its_buttons_when_its_host_waits_for_the_inbox(
     """A request is listed from the moment its host writes it; the buttons come when the
     host's approver starts waiting for the inbox (it offers the request)."""
     page = open_inbox(new_context(browser, contexts), served)
-    inject(served, "later", expires_in=120, offered=False)
+    inject(served, "later", expires_in=120, offered=False, chain=("agent", "relay"))
     item = page.locator('li.request[data-id="later"]')
     expect(item.locator(".elsewhere")).to_contain_text("Asked on another channel")
+    # A nested call says who asked for it: the caller at the top, each tool in between.
+    expect(item.locator(".facts")).to_contain_text("agent → relay → launch")
     expect(item.get_by_role("button")).to_have_count(0)
     host = served.serve.host
     assert host is not None

@@ -6,9 +6,11 @@ answer's path is the store's, not the capsule's). Runs under asyncio and trio.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,7 @@ import pytest
 
 from host import Host, InboxApprover, NotApproved, SQLiteStore
 from host.audit import PendingAnswer, PendingApproval
+from host.serve import Inbox
 from host.testing import in_process
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +58,15 @@ TOOLS = {
 
         def fire() -> str:
             return "fired"
-    '''
+    ''',
+    "relay": '''
+        from capsule.context import ToolContext
+
+
+        async def relay(ctx: ToolContext, target: str) -> str:
+            """Launch through a nested call."""
+            return await ctx.call("launch", target)
+    ''',
 }
 
 
@@ -189,6 +200,48 @@ async def test_the_inbox_approver_takes_an_answer_from_the_store(project: Path) 
         assert error.to_data()["comment"] == error.comment
         assert "tok-9f2e7a11c3" not in str(error) and "\u202e" not in str(error)
         assert not await store.pending()
+
+
+async def test_a_nested_calls_chain_reaches_the_row_and_the_inbox(project: Path) -> None:
+    """An approver deciding on a nested call sees who asked for it: the chain is stored
+    with the pending row and shown by the inbox (``via app → relay → launch``)."""
+    async with (
+        Host.open(project, approver="inbox", capsule=in_process()) as host,
+        anyio.create_task_group() as tg,
+    ):
+        store = host.store
+        assert isinstance(store, SQLiteStore)
+        seen: list[PendingApproval] = []
+
+        async def watch_then_answer() -> None:
+            with anyio.fail_after(30):
+                while not seen:
+                    version = store.pending_version()
+                    seen.extend(r for r in await store.pending() if r.offered)
+                    if not seen:
+                        await store.pending_changed(version, 0.05)
+            inbox = Inbox(store, redact=host.mediator.redact)
+            async with aclosing(inbox.feed.snapshots(ping=5)) as snapshots:
+                async for snapshot in snapshots:
+                    assert snapshot is not None
+                    views.extend(json.loads(snapshot[1])["pending"])
+                    break
+            await store.answer_pending(seen[0].id, PendingAnswer(True, approver="alice"))
+
+        views: list[dict[str, object]] = []
+        tg.start_soon(watch_then_answer)
+        assert await host.call("relay", "moon") == "launched moon"
+        (row,) = seen
+        assert (row.tool, row.caller, row.chain) == ("launch", "tool", ("app", "relay"))
+        (view,) = views
+        assert view["chain"] == ["app", "relay"] and view["tool"] == "launch"
+
+        # A call made by the app itself has no chain.
+        seen.clear()
+        views.clear()
+        tg.start_soon(watch_then_answer)
+        assert await host.call("launch", "mars") == "launched mars"
+        assert seen[0].chain == () and views[0]["chain"] == []
 
 
 async def test_an_answer_from_another_process_is_polled(project: Path) -> None:

@@ -38,6 +38,7 @@ _COLUMNS: dict[str, str] = {
     "answer_channel": "TEXT",
     "answered": "REAL",
     "answer_mac": "TEXT",
+    "chain": "TEXT NOT NULL DEFAULT '[]'",
 }
 """Columns added to the ``pending`` table of the first schema (kept in place: rows of a
 running older host stay readable)."""
@@ -93,6 +94,7 @@ def _row(row: sqlite3.Row) -> PendingApproval:
         approvers=tuple(_strings(approvers)) if approvers is not None else None,
         offered=bool(row["offered"]) if "offered" in keys else False,
         answer=answer,
+        chain=tuple(_strings(row["chain"])) if "chain" in keys else (),
     )
 
 
@@ -111,6 +113,7 @@ def insert(conn: sqlite3.Connection, pending: PendingApproval) -> None:
     values["warnings"] = json.dumps(list(pending.warnings))
     values["approvers"] = None if pending.approvers is None else json.dumps(pending.approvers)
     values["offered"] = int(pending.offered)
+    values["chain"] = json.dumps(list(pending.chain))
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
         f"INSERT INTO pending ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",

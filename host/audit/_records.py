@@ -229,6 +229,9 @@ class PendingApproval:
     the inbox): until then an inbox shows the request but cannot answer it."""
     answer: PendingAnswer | None = None
     """The first answer given through the store; the only one that counts."""
+    chain: tuple[str, ...] = ()
+    """For a nested call (a tool calling another through its context): the callers above
+    it, outermost first, as :attr:`host.ApprovalRequest.chain`."""
 
     def to_data(self) -> dict[str, Any]:
         return asdict(self)

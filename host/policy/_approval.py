@@ -403,6 +403,7 @@ class Escalations:
                 description=e.description,
                 warnings=rendered.warnings,
                 approvers=e.approvers,
+                chain=e.chain,
             )
         )
         self._events.emit(

@@ -122,6 +122,8 @@ class TerminalApprover:
         head.add_column()
         head.add_row("tool", Text(request.tool))
         head.add_row("caller", Text(f"{request.caller}   session {request.session_id}"))
+        if request.chain:  # a nested call: who started it, and each tool in between
+            head.add_row("via", Text(" → ".join((*request.chain, request.tool))))
         head.add_row("rule", Text(request.rule))
         if request.reason:
             head.add_row("why", Text(request.reason))

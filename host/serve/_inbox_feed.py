@@ -177,6 +177,7 @@ class Feed:
             "rule": text(row.rule),
             "reason": text(row.reason),
             "caller": redact(row.caller),
+            "chain": [redact(link) for link in row.chain],
             "session": redact(row.session),
             "host": redact(row.host_id),
             "created": row.created,

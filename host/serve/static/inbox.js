@@ -88,6 +88,8 @@
     const facts = el("dl", { class: "facts" });
     fact(facts, "rule", item.reason ? `${item.rule}: ${item.reason}` : item.rule);
     fact(facts, "caller", item.caller);
+    // A nested call: who started it, then each tool whose context made the next call.
+    if (item.chain && item.chain.length) fact(facts, "via", [...item.chain, item.tool].join(" → "));
     fact(facts, "session", item.session);
     fact(facts, "host", item.host);
     const age = fact(facts, "waiting", "0 s");
