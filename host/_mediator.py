@@ -51,6 +51,7 @@ from .errors import (
     LimitExceeded,
     NotApproved,
     PolicyDenied,
+    PolicyFileError,
     UnknownTool,
 )
 from .hooks import HookContext, HookRunner, ToolResult, progress_arguments
@@ -220,7 +221,12 @@ class Mediator:
         ``policy``, by default the one in force)."""
         if not self._redactor:
             return False
-        mode = (policy or self.policy.current()).config.env.redact_results
+        if policy is None:
+            try:
+                policy = self.policy.settled()
+            except PolicyFileError:
+                return True  # no policy in force: redact, the safe side
+        mode = policy.config.env.redact_results
         return mode == "all" or (mode == "agent" and caller == "agent")
 
     def _redact_error(self, exc: HostError) -> None:
@@ -337,7 +343,7 @@ class Mediator:
             chain = (*parent.chain, parent.tool)
             chain_text = f"{' > '.join(chain)} ({parent.call_id})"
         try:
-            policy = self.policy.current()  # one version for the whole call
+            policy = await self.policy.latest()  # one version for the whole call
             policy_version = policy.version
             spec = self.lookup(name)
             tool = spec.name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from host import (
     PolicyFileError,
     UnknownTool,
 )
+from host.policy import PolicySource
 
 from .test_approval import CAPSULES, DESK_POLICY, Desk, Gate, Recorder, wait_for
 from .test_approval import desk as desk  # the fixture
@@ -319,6 +321,55 @@ async def test_a_broken_edit_fails_closed_until_fixed(
         assert await host.call("launch", "b") == "launched b"
     assert len(failures) == 1 and "perhaps" in failures[0].data["error"]
     assert d.ran() == [{"launch": "b"}]
+
+
+async def test_a_changed_policy_is_parsed_off_the_event_loop(
+    desk: Callable[..., Desk], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing a changed policy (20,000 rules took seconds) never stalls the loop, and a
+    call that arrives meanwhile waits for the parse and is decided by the new policy."""
+    d = desk(policy=policy("", app="allow"))
+    parsing = threading.Event()
+    ticked = threading.Event()
+    go_on = threading.Event()
+    seen_loop_running: list[bool] = []
+    parse = PolicySource._parse  # pyright: ignore[reportPrivateUsage]
+
+    def slow_parse(self: PolicySource) -> object:
+        parsing.set()
+        # The loop's ticker must run while this parse is under way: on the loop it could not.
+        seen_loop_running.append(ticked.wait(30))
+        go_on.wait(30)
+        return parse(self)
+
+    monkeypatch.setattr(PolicySource, "_parse", slow_parse)
+    async with d.open() as host, anyio.create_task_group() as tg:
+        assert await host.call("launch", "a") == "launched a"
+
+        async def ticker() -> None:
+            await wait_for(parsing.is_set, "the parse")
+            ticked.set()
+
+        tg.start_soon(ticker)
+        d.write_policy(policy('[[rules]]\nid = "closed"\ntools = ["launch"]\ndecision = "deny"\n'))
+        outcomes: list[str] = []
+
+        async def call(target: str) -> None:
+            try:
+                outcomes.append(await host.call("launch", target))
+            except PolicyDenied as exc:
+                outcomes.append(f"denied by {exc.rule}")
+
+        tg.start_soon(call, "first")
+        await wait_for(parsing.is_set, "the parse")
+        tg.start_soon(call, "second")  # arrives while the files are parsed
+        await anyio.sleep(0.05)
+        assert outcomes == []
+        go_on.set()
+        await wait_for(lambda: len(outcomes) == 2, "both calls")
+    assert seen_loop_running == [True]
+    assert outcomes == ["denied by closed", "denied by closed"]
+    assert d.ran() == [{"launch": "a"}]
 
 
 # Each reload test calls ``launch``, whose every run the desk's marker file records: a

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
+import anyio
+
 from host._binding import BoundCall
 from host.declare import VAR_KEYWORD, VAR_POSITIONAL, ToolSpec
 from host.errors import PolicyFileError
@@ -433,6 +435,8 @@ class PolicySource:
         self._paths: list[Path] = []
         self._watch: Watch | None = None
         """Tells whether any policy file may have changed, so most calls stat nothing."""
+        self._reading: anyio.Event | None = None
+        """Set while a changed policy is parsed in a worker thread (:meth:`latest`)."""
         if files is not None:
             self._watch = open_watch(self._dirs)  # before the first look: no edit is missed
         self._signature = self._stat() if files is not None else ()
@@ -489,23 +493,55 @@ class PolicySource:
         return digest.hexdigest()
 
     def current(self) -> Policy:
-        """The policy to decide one call against. Raises :class:`PolicyFileError`."""
+        """The policy to decide one call against, re-read here if a file changed (for
+        the command line and other code off the event loop: see :meth:`latest`).
+        Raises :class:`PolicyFileError`."""
         if self._files is None:
             return self._policy
         watch = self._watch
         if watch is None or watch.changed():
             try:
-                self._refresh(watch)
+                if self._refresh(watch):
+                    self._settle(self._parse())
             except Exception as exc:  # reading the files failed somehow: fail closed
                 self._fail(exc)
+        return self.settled()
+
+    async def latest(self) -> Policy:
+        """:meth:`current` for the event loop: a changed policy is parsed in a worker
+        thread, so a large one never stalls the loop (and every session with it). A call
+        that arrives while the files are being parsed waits for that parse and is decided
+        against what it finds, never against the policy it replaces."""
+        if self._files is None:
+            return self._policy
+        while (reading := self._reading) is not None:
+            await reading.wait()
+        watch = self._watch
+        if watch is None or watch.changed():
+            done = self._reading = anyio.Event()
+            try:
+                if self._refresh(watch):
+                    self._settle(await anyio.to_thread.run_sync(self._parse))
+            except Exception as exc:  # reading the files failed somehow: fail closed
+                self._fail(exc)
+            finally:
+                self._reading = None
+                done.set()
+        return self.settled()
+
+    def settled(self) -> Policy:
+        """The policy in force, without looking at the files. Raises
+        :class:`PolicyFileError` while the last reading failed."""
         if self._error is not None:
             raise self._error
         return self._policy
 
-    def _refresh(self, watch: Watch | None) -> None:
+    def _refresh(self, watch: Watch | None) -> bool:
+        """Whether the files changed since the last reading (stat, then content)."""
         now = time.time()
         signature = self._stat(now)
         racy = any(now - mtime / 1e9 < _RACY for _, mtime, _, _ in signature)
+        changed = False
         if signature != self._signature or racy:
             self._signature = signature
             digest = self._read_digest()
@@ -513,19 +549,25 @@ class PolicySource:
             # folder) may have been fixed outside the file.
             if digest != self._digest or self._error is not None:
                 self._digest = digest
-                self._reload()
+                changed = True
         if watch is not None and not watch.add((*self._dirs, *self._paths)):
             self.close()
+        return changed
 
-    def _reload(self) -> None:
+    def _parse(self) -> Policy | Exception:
+        """The files read as a policy, or why they are not one (runs in a worker thread:
+        touches nothing but its own result)."""
         try:
-            config = load_policy(self._paths, root=self._root)
-            policy = Policy(config)
+            return Policy(load_policy(list(self._paths), root=self._root))
         except Exception as exc:  # whatever it is, the new files are not a policy
-            self._fail(exc)
+            return exc
+
+    def _settle(self, outcome: Policy | Exception) -> None:
+        if isinstance(outcome, Exception):
+            self._fail(outcome)
             return
         self._error = None
-        self._policy = policy
+        self._policy = outcome
         if self._on_change is not None:
             self._on_change(self._policy)
 
