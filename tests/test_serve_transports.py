@@ -27,7 +27,8 @@ from mcp.client.streamable_http import streamable_http_client
 from host import ApprovalRequest
 from host.serve import RUN_CODE, ServeApp, asgi_app
 
-from .mcp_helpers import Recorder, ThreadedUvicorn, make_mcp_project, wait_for
+from .inbox_helpers import Served, served_app
+from .mcp_helpers import Recorder, make_mcp_project, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -111,7 +112,7 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 @pytest.fixture
-def http(project: Path) -> Iterator[tuple[ThreadedUvicorn, ServeApp, list[ApprovalRequest]]]:
+def http(project: Path) -> Iterator[tuple[Served, ServeApp, list[ApprovalRequest]]]:
     asked: list[ApprovalRequest] = []
 
     async def fallback(request: ApprovalRequest) -> bool:
@@ -120,7 +121,7 @@ def http(project: Path) -> Iterator[tuple[ThreadedUvicorn, ServeApp, list[Approv
 
     # Built outside any event loop: the app opens the host in uvicorn's own loop.
     app = asgi_app(project, reload=True, approver=fallback)
-    with ThreadedUvicorn(app) as server:
+    with served_app(app) as server:
         yield server, app.state.toolhost, asked
 
 
@@ -135,7 +136,7 @@ async def http_client(url: str, recorder: Recorder) -> AsyncIterator[ClientSessi
 
 
 @asyncio_only
-async def test_http(http: tuple[ThreadedUvicorn, ServeApp, list[ApprovalRequest]]) -> None:
+async def test_http(http: tuple[Served, ServeApp, list[ApprovalRequest]]) -> None:
     server, serve, asked = http
     assert serve.host is not None and serve.mcp is not None
     progress: list[float] = []
@@ -151,7 +152,10 @@ async def test_http(http: tuple[ThreadedUvicorn, ServeApp, list[ApprovalRequest]
     serve.host.on("policy_decision", emit)
     a_rec = Recorder(["approve_once", "approve_once"])
     b_rec = Recorder()
-    async with http_client(server.url, a_rec) as a, http_client(server.url, b_rec) as b:
+    async with (
+        http_client(server.base + "/mcp", a_rec) as a,
+        http_client(server.base + "/mcp", b_rec) as b,
+    ):
         await wait_for(lambda: len(serve.mcp.sessions) == 2)
         init = a.initialize_result
         assert init is not None and init.capabilities.tools is not None
@@ -182,20 +186,20 @@ async def test_http(http: tuple[ThreadedUvicorn, ServeApp, list[ApprovalRequest]
 
 @asyncio_only
 async def test_http_checks_and_eras(
-    http: tuple[ThreadedUvicorn, ServeApp, list[ApprovalRequest]],
+    http: tuple[Served, ServeApp, list[ApprovalRequest]],
 ) -> None:
     server, serve, _ = http
     async with httpx2.AsyncClient() as web:
         # DNS rebinding: a foreign Host header is refused before MCP sees it.
         response = await web.post(
-            server.url,
+            server.base + "/mcp",
             headers={"Host": "evil.example:80", "Content-Type": "application/json"},
             content=b"{}",
         )
         assert response.status_code == 421
     # A client that starts sessionless (2026 era) is sent to the handshake, and gets a
     # session that lasts across its calls.
-    async with Client(server.url) as client:
+    async with Client(server.base + "/mcp") as client:
         assert client.protocol_version == "2025-11-25"
         first = await client.call_tool("count", {})
         second = await client.call_tool("count", {})
