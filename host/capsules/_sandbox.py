@@ -53,7 +53,7 @@ from host.declare import ToolSpec
 from host.errors import HostError, ToolUnavailable
 from host.settings import Limits
 
-from . import _forkserver, _wasm, _wasm_cache
+from . import _forkserver, _keeper, _wasm, _wasm_cache
 from ._code_results import (
     LOST,
     MAX_TEXT,
@@ -248,6 +248,12 @@ class CodeSandbox:
         # the soft limit moves up before each run (rearm_cpu_limit), the hard one stays.
         cpu = self._cpu_backstop()
         bootstrap = (
+            # The keeper's pidfds of the host and of itself are not for agent code (it
+            # could signal through them): the keeper ends this child when the host ends.
+            "import os\n"
+            "for w in os.environ.pop('TOOLHOST_LIFELINES', '').split():\n"
+            "    try: os.close(int(w))\n"
+            "    except (ValueError, OSError): pass\n"
             "import resource as r, sys\n"
             f"for k, v in ((r.RLIMIT_AS, {memory}), "
             "(r.RLIMIT_NPROC, 0), (r.RLIMIT_NOFILE, 64), (r.RLIMIT_FSIZE, 0), "
@@ -263,9 +269,14 @@ class CodeSandbox:
             "from capsule._harden import drop_privileges; drop_privileges('sandbox')\n"
             f"{_GUEST_MAIN}\n"
         )
-        return await spawn_piped(
-            [sys.executable, "-I", "-B", "-c", bootstrap], cwd="/", env={"LANG": "C.UTF-8"}
-        )
+        command = [sys.executable, "-I", "-B", "-c", bootstrap]
+        env = {"LANG": "C.UTF-8"}
+        if _keeper.available():  # a subreaper: what the code forks and abandons comes back
+            try:
+                return await _keeper.spawn(command, cwd="/", env=env)
+            except _keeper.KeeperUnavailable as exc:
+                logger.warning("starting the fallback sandbox without the keeper: %s", exc)
+        return await spawn_piped(command, cwd="/", env=env)
 
     def _cpu_backstop(self) -> int:
         """Seconds of CPU the fallback's RLIMIT_CPU allows beyond what it has used: a run,
