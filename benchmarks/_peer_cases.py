@@ -386,7 +386,10 @@ class MontyPeer(Peer):
         self.pool = await self.stack.enter_async_context(
             pydantic_monty.AsyncMonty(min_processes=1, max_processes=256)
         )
-        self.session = await self.stack.enter_async_context(self.pool.checkout())
+        # A checkout allows 1,000 host calls and name lookups in all by default; the warm
+        # session makes tens of thousands.
+        limits: Any = {"max_suspensions": 1 << 40}
+        self.session = await self.stack.enter_async_context(self.pool.checkout(limits=limits))
         if await self.session.feed_run(SNIPPET_TEN, external_lookup=self.lookup) != 55:
             raise RuntimeError("monty: wrong answer")
 
