@@ -51,6 +51,8 @@ class PeerSpec:
     name: str
     title: str
     boundary: str
+    short: str
+    """The boundary in a few words, for the tables."""
     concurrent: bool
     """Whether one session takes many calls in flight (bursts)."""
     needs: tuple[str, ...] = ()
@@ -64,12 +66,14 @@ PEERS: dict[str, PeerSpec] = {
             "host",
             "this host, the app's call (host.call)",
             "process: tool capsule (Landlock, no-new-privs); policy + audit per call",
+            "process + policy + audit",
             True,
         ),
         PeerSpec(
             "serve",
             "toolhost serve, stdio, official MCP client",
             "process: server + tool capsule; policy + audit per call",
+            "process (server + capsule) + policy + audit",
             True,
             ("mcp",),
         ),
@@ -77,6 +81,7 @@ PEERS: dict[str, PeerSpec] = {
             "fastmcp",
             "FastMCP, stdio, official MCP client",
             "process: server, tools inside it; no policy, no audit",
+            "process (server)",
             True,
             ("mcp", "fastmcp"),
         ),
@@ -84,12 +89,14 @@ PEERS: dict[str, PeerSpec] = {
             "run_code",
             "this host, warm run_code",
             "Wasm guest in its own process; each call mediated to a tool capsule",
+            "Wasm + process + policy + audit",
             False,
         ),
         PeerSpec(
             "monty",
             "pydantic-monty, AsyncMonty worker pool",
             "process: Rust interpreter in a worker; tools run in the caller, unmediated",
+            "process (interpreter only)",
             False,
             ("pydantic_monty",),
         ),
@@ -97,6 +104,7 @@ PEERS: dict[str, PeerSpec] = {
             "smolagents",
             "smolagents LocalPythonExecutor",
             "none: AST interpreter in the caller's process",
+            "none",
             False,
             ("smolagents",),
         ),
@@ -272,7 +280,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['peer']} | {row['op']} | {row['median_us']:,.0f} | {row['p99_us']:,.0f} | "
             f"{row['cpu_caller_us']:,.0f} + {row['cpu_children_us']:,.0f} | {rate} | "
-            f"{PEERS[row['peer']].boundary} |"
+            f"{PEERS[row['peer']].short} |"
         )
     lines += [
         "",
@@ -281,10 +289,17 @@ def report(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for name, s in result["sessions"].items():
-        lines.append(
-            f"| {name} | {s['first_call_ms']:,.1f} | {s['pss_per_session'] / 2**20:,.1f} | "
-            f"{s['processes_per_session']:g} | {PEERS[name].boundary} |"
+        # Without a process of its own a session has no PSS; its growth of the caller
+        # (in the JSON) is within the allocator's noise.
+        held = (
+            f"{s['pss_per_session'] / 2**20:,.1f}" if s["processes_per_session"] else "no process"
         )
+        lines.append(
+            f"| {name} | {s['first_call_ms']:,.1f} | {held} | "
+            f"{s['processes_per_session']:g} | {PEERS[name].short} |"
+        )
+    lines += ["", "boundaries:"]
+    lines += [f"  {name:<10} {PEERS[name].boundary}" for name in result["boundaries"]]
     for name, reason in result["skipped"].items():
         lines.append(f"skipped {name}: {reason}")
     return "\n".join(lines)

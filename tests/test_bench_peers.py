@@ -71,7 +71,7 @@ def test_a_missing_peer_is_skipped_with_a_message() -> None:
     from benchmarks import peers
 
     peers.PEERS["absent"] = peers.PeerSpec(
-        "absent", "a peer that is not installed", "none", False, ("no_such_module_xyz",)
+        "absent", "a peer that is not installed", "none", "none", False, ("no_such_module_xyz",)
     )
     try:
         workers, skipped = peers.start(["absent"], ROOT, quiet=True, quick=True)
