@@ -117,7 +117,7 @@ VERSIONS = ("mcp", "fastmcp", "pydantic-monty", "smolagents", "psutil")
 class PeerWorker(Worker):
     """A worker of ``benchmarks._peer_cases``; the runner side of ``_cases.Worker``."""
 
-    def __init__(self, spec: PeerSpec, folder: Path, *, quick: bool = False) -> None:  # pyright: ignore[reportMissingSuperCall]
+    def __init__(self, spec: PeerSpec, folder: Path, *, quick: bool = False) -> None:
         # Not Worker.__init__: that one boots the trivial-call cases; the protocol is the same.
         self.spec = CaseSpec(spec.name, spec.title, spec.concurrent, True)
         self.tree = None
