@@ -79,3 +79,35 @@ def test_a_missing_peer_is_skipped_with_a_message() -> None:
         del peers.PEERS["absent"]
     assert workers == []
     assert "no_such_module_xyz not installed" in skipped["absent"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(
+    importlib.util.find_spec("pydantic_monty") is None,
+    reason="pydantic-monty is not installed: pip install -e '.[bench]'",
+)
+def test_the_warm_monty_session_outlasts_its_default_limit_of_host_calls() -> None:
+    """monty ends a checkout's feeds after 1,000 host calls by default; the warm session
+    of a full run makes tens of thousands (here 1,200 in one batch)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers",
+            "monty",
+            "--json",
+            "--rounds=1",
+            "--warmup=0",
+            "--calls=120",
+            "--batch-time=60",
+            "--sessions=1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {row["op"]: row for row in json.loads(done.stdout)["calls"]}
+    assert rows["code-10"]["calls"] == 120
