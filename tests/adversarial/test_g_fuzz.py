@@ -13,7 +13,7 @@ Each gets arbitrary bytes, frames of known kinds with fields of any type, unknow
 truncation, bit flips, huge declared lengths, deep nesting and invalid UTF-8; each must
 end in the typed error its code defines (``BadFrame``; the guest's ``_HostBroke``) or
 read on, never another exception and never a hang, and calls in flight end with a typed
-host error. Memory stays flat over thousands of inputs, and a host whose capsule writes
+host error. Memory stays flat over hundreds of inputs, and a host whose capsule writes
 garbage keeps serving (end to end, with a real capsule process).
 
 Bounded for CI: a few hundred examples each, a few seconds each on a loaded machine.
@@ -480,7 +480,7 @@ def sync_readers(data: bytes) -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_memory_stays_flat_over_thousands_of_hostile_streams() -> None:
+async def test_memory_stays_flat_over_hundreds_of_hostile_streams() -> None:
     """After a warm-up, 300 more streams through every reader leave Python's heap within
     1 MiB of where it was (a leak of a few kilobytes per stream would show), and the
     process's resident size within a generous 32 MiB."""
