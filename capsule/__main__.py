@@ -53,7 +53,7 @@ from typing import Any
 
 from ._harden import drop_privileges
 from ._serve import Capsule
-from .protocol import K_CONSOLE, encode
+from .protocol import K_CONSOLE, BadFrame, encode
 
 _CHUNK = 64 * 1024
 _SETTINGS = "TOOLHOST_CAPSULE"
@@ -306,7 +306,10 @@ def main() -> None:
         ).start()
     if not capsule.load():
         return
-    asyncio.run(capsule.serve())
+    try:
+        asyncio.run(capsule.serve())
+    except BadFrame as exc:  # the host's stream broke: stop serving, clean up as below
+        os.write(2, f"toolhost capsule: the host broke the protocol: {exc}\n".encode())
     # The host closed the pipe: take any processes the tools left behind with us (the
     # reaper, if there is one, also kills whatever outlives us). A dying host closes its
     # pipes a moment before its pidfd says so: if it died, end everything, as the

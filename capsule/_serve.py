@@ -59,6 +59,7 @@ from .protocol import (
     MAX_FRAME,
     BadFrame,
     FrameDecoder,
+    as_map,
     decode,
     encode,
     packer,
@@ -312,14 +313,21 @@ class Capsule:
             if not self._closed.done():
                 self._closed.set_result(None)
             return
-        self._dispatch_all(self._decoder.feed(data))
+        try:
+            self._dispatch_all(self._decoder.feed(data))
+        except BadFrame as exc:
+            # The host's stream is broken from here on: reading on would take the rest
+            # of it out of step. Serving ends with the error (a loop callback's own
+            # exception would only be logged, and the capsule would read on).
+            if not self._closed.done():
+                self._closed.set_exception(exc)
 
     def _dispatch_all(self, bodies: list[bytes]) -> None:
         """Dispatch the frames of one read; their replies made meanwhile go out together."""
         self._batch = True
         try:
             for body in bodies:
-                self._dispatch(decode(body))
+                self._dispatch(as_map(decode(body)))
         finally:
             self._batch = False
             if self._outbox:
@@ -328,10 +336,17 @@ class Capsule:
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("k")
         if kind == K_CALL:
-            call_id: int = msg["id"]
-            target = self._targets.get(msg["tool"])
+            call_id: int = msg.get("id")  # pyright: ignore[reportAssignmentType]
+            tool = msg.get("tool")
+            if (
+                type(call_id) is not int
+                or type(tool) is not str
+                or type(msg.get("args")) is not bytes
+            ):
+                raise BadFrame("call frames carry an int id, a tool name and args as bytes")
+            target = self._targets.get(tool)
             if target is None:
-                self._reply_error(call_id, E_BAD_CALL, f"no tool {msg['tool']!r} in this capsule")
+                self._reply_error(call_id, E_BAD_CALL, f"no tool {tool!r} in this capsule")
                 return
             if not target.is_async and self._threads:
                 self._submit((call_id, target, msg["args"], msg.get("ctx")))
@@ -357,7 +372,9 @@ class Capsule:
             if not task.done():
                 self._tasks[call_id] = task
         elif kind == K_CANCEL:
-            call_id = msg["id"]
+            call_id = msg.get("id")  # pyright: ignore[reportAssignmentType]
+            if type(call_id) is not int:
+                raise BadFrame("cancel frames carry the int id of a call")
             task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()

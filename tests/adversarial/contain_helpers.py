@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 import pytest
@@ -83,14 +83,26 @@ class Account:
         return f"<Account {self.name} uid={self.uid}>"
 
 
+class Who(TypedDict):
+    user: int | None
+    group: int | None
+    extra_groups: list[int] | None
+
+
+def as_user(uid: int, gid: int) -> Who:
+    """``subprocess`` arguments that run a child as ``uid``/``gid`` with no other groups;
+    unchanged when the tests already run as that user (changing groups needs root)."""
+    if os.geteuid() != 0 and os.geteuid() == uid:
+        return Who(user=None, group=None, extra_groups=None)
+    return Who(user=uid, group=gid, extra_groups=[])
+
+
 def _user_python(base: Path, uid: int, gid: int) -> str:
     """An interpreter the user can run with this checkout's dependencies: ours if it can,
     else a venv of the system's Python of the same version that adds our packages."""
     probe = [sys.executable, "-I", "-c", "import anyio, msgpack, pydantic, wasmtime"]
     try:
-        done = subprocess.run(
-            probe, user=uid, group=gid, extra_groups=[], capture_output=True, cwd="/", check=False
-        )
+        done = subprocess.run(probe, **as_user(uid, gid), capture_output=True, cwd="/", check=False)
     except PermissionError:
         pass  # its folder is private
     else:
@@ -118,9 +130,7 @@ def _user_python(base: Path, uid: int, gid: int) -> str:
     python = str(venv / "bin" / "python")
     done = subprocess.run(
         [python, *probe[1:]],
-        user=uid,
-        group=gid,
-        extra_groups=[],
+        **as_user(uid, gid),
         capture_output=True,
         cwd="/",
         check=False,
@@ -211,9 +221,7 @@ def toolhost(account: Account, *args: str, env: dict[str, str]) -> subprocess.Co
         text=True,
         cwd=ROOT,
         env=env,
-        user=account.uid,
-        group=account.gid,
-        extra_groups=[],
+        **as_user(account.uid, account.gid),
         stdin=subprocess.DEVNULL,
         timeout=110,
         check=False,
@@ -349,9 +357,7 @@ class Lab:
             stderr=subprocess.PIPE,
             cwd=ROOT,
             env=env if env is not None else self.env(),
-            user=self.account.uid,
-            group=self.account.gid,
-            extra_groups=[],
+            **as_user(self.account.uid, self.account.gid),
             start_new_session=True,
         )
         run = HostRun(process, f"the host script as {self.account.name}")

@@ -1,0 +1,195 @@
+"""H. Nothing outlives a SIGKILLed host, even when a tool blocks its capsule's loop.
+
+The earlier no-orphan test passes even when the capsule's watchers ignore the host's
+death: its capsule is idle, so it sees its protocol pipe close and cleans up by itself. Here
+the tool blocks the capsule's event loop (``time.sleep`` inside an ``async def``, after
+starting a child of its own), so only the watchers of the host's death (the reaper's and
+the worker's pidfd lifelines, the keeper) can end it; the issue's requirement is the whole
+tree gone within 1 s of the kill being seen.
+
+And the fork server of Wasm guests watches its parent: with its socket still open (held
+by another process, so end-of-file cannot tell it), killing its parent must still end the
+server and the guest it forked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from host.capsules import _wasm, _wasm_cache
+from tests.fixtures.e2e.helpers import alive, describe, wait_gone_sync
+from tests.test_wasm import wasm_prepared
+
+__all__ = ["wasm_prepared"]  # the session fixture, used here
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BLOCKER = '''
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+async def block(marker: str) -> str:
+    """Starts a child, says so, then blocks the capsule's event loop for a minute."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    Path(marker).write_text(str(child.pid))
+    time.sleep(60)  # in an async tool: nothing else runs on the loop meanwhile
+    return "woke"
+'''
+
+HOST_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import time
+    from pathlib import Path
+
+    import anyio
+    import psutil
+
+    from host import Host
+
+
+    async def main() -> None:
+        project, marker = sys.argv[1], Path(sys.argv[2])
+        async with Host.open(project) as host, anyio.create_task_group() as tg:
+            tg.start_soon(host.call, "block", str(marker))
+            with anyio.fail_after(60):
+                while not marker.exists() or not marker.read_text():
+                    await anyio.sleep(0.02)
+            tree = psutil.Process().children(recursive=True)
+            print(" ".join(str(p.pid) for p in tree), flush=True)
+            await anyio.sleep(1000)
+
+
+    anyio.run(main, backend=sys.argv[3])
+    """
+)
+
+
+def read_pids(process: subprocess.Popen[bytes], what: str) -> list[int]:
+    """The pids the script prints on one line (fails if it ends or says nothing)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 90)
+    assert ready, f"{what} did not report its processes"
+    line = process.stdout.readline().decode()
+    assert line.strip(), f"{what} ended early: {process.communicate(timeout=30)[1].decode()}"
+    return [int(p) for p in line.split()]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sigkilled_host_leaves_nothing_within_a_second_when_a_tool_blocks_the_loop(
+    tmp_path: Path, backend: str
+) -> None:
+    project = tmp_path / "project"
+    (project / "tools").mkdir(parents=True)
+    (project / "tools" / "blocker.py").write_text(BLOCKER)
+    (project / "policy.toml").write_text('version = 1\n[defaults]\napp = "allow"\n')
+    (project / "out").mkdir()  # the only place Landlock lets the tool write
+    marker = project / "out" / "marker"
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_SCRIPT, str(project), str(marker), backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        pids = read_pids(host, "the host script")
+        grandchild = int(marker.read_text())
+        pids.append(grandchild)
+        assert len(pids) >= 4, describe(pids)  # keeper, reaper, worker, the tool's child
+        assert all(alive(p) for p in pids), describe(pids)
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(30)
+        # The kill is seen: the issue's requirement is every process gone within 1 s.
+        wait_gone_sync(pids, timeout=1.0)
+    finally:
+        for pid in pids:  # a failure leaves nothing running for the next test
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.pid, signal.SIGKILL)
+        host.communicate(timeout=30)
+
+
+PARENT_SCRIPT = textwrap.dedent(
+    """
+    import subprocess
+    import sys
+
+    import anyio
+
+    from host.capsules import _forkserver, _wasm
+
+
+    async def main() -> None:
+        cwasm, lib = sys.argv[1], sys.argv[2]
+        lease = _forkserver.Lease(cwasm)
+        spec = _wasm.GuestSpec(
+            cwasm=cwasm,
+            argv=_wasm.guest_argv("import time\\ntime.sleep(600)"),
+            env={},
+            preopens=[_wasm.Preopen(lib, _wasm.LIB_GUEST)],
+        )
+        guest, _write, _read = await _forkserver.spawn(lease, spec)
+        server = lease.server()
+        # Another process holds the server's socket open: when this one dies, the
+        # server reads no end of file; only its watch of its parent can end it.
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)"],
+            pass_fds=[server.socket.fileno()],
+            start_new_session=True,
+        )
+        print(server.process.pid, guest.pid, holder.pid, flush=True)
+        await anyio.sleep(1000)
+
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.wasm
+def test_the_fork_server_and_its_guests_die_with_its_parent(
+    wasm_prepared: _wasm_cache.Prepared,
+) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT, str(wasm_prepared.cwasm), str(wasm_prepared.lib)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    holder = 0
+    try:
+        server, guest, holder = read_pids(parent, "the fork server's parent")
+        pids = [server, guest]
+        assert "zygote" in " ".join(psutil.Process(server).cmdline())
+        assert _wasm.CHILD.name in " ".join(psutil.Process(guest).cmdline())
+        assert all(alive(p) for p in pids), describe(pids)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        assert alive(holder)  # the socket is still open
+        wait_gone_sync(pids, timeout=10.0)
+    finally:
+        for pid in (*pids, holder):
+            if pid:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(parent.pid, signal.SIGKILL)
+        parent.communicate(timeout=30)

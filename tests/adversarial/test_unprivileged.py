@@ -1,0 +1,90 @@
+"""The trust and state attacks again, as an unprivileged user (issue 12, "the standing suite").
+
+Root's capabilities mask some leaks: root may read and write files whatever their owner
+and mode, and signal any process. The attacks on the host's own state (the audit's journal and
+database, the grants, the key, the locks, the caches) check ownership and modes, so when
+the tests run as root this module runs them again as an unprivileged user created for the
+session (``contain_helpers.accounts``: a ``useradd`` account, removed afterwards), in a
+copy of the checkout that user can read, and requires them to pass. The containment
+attacks on processes, signals and the files a tool may not touch (``test_c_*``) already
+run as both accounts themselves. About a minute and a half: marked ``slow``.
+
+When the tests do not run as root they already run unprivileged: this module is skipped,
+saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .contain_helpers import ROOT, Account, accounts, chown_tree
+
+__all__ = ["accounts"]  # the session fixture, used here
+
+FILES = ["tests/adversarial/test_h_audit.py", "tests/adversarial/test_caches.py"]
+"""The attacks whose outcome depends on who owns what: the audit's journal, database,
+grants, key and locks; the caches' owners and modes."""
+KEEP = "not scope_entry or (asyncio and writable)"
+"""Of the scope cache's tamperings (each builds a scope: seconds), the one that hinges on
+modes; the rest do not depend on the user."""
+
+COPIED = ("host", "capsule", "tests", "agent_src", "pyproject.toml")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
+    accounts: dict[str, Account],
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the tests already run as an unprivileged user: nothing to add")
+    user = accounts["user"]
+    assert not user.root
+    folder = Path(tempfile.mkdtemp(prefix="unprivileged-", dir=user.labs))
+    try:
+        checkout = folder / "checkout"
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".hypothesis")
+        for name in COPIED:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, checkout / name, ignore=ignore)
+            elif source.exists():
+                checkout.mkdir(exist_ok=True)
+                shutil.copy2(source, checkout / name)
+        folder.chmod(0o755)
+        chown_tree(folder, user)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": str(user.home),
+            "XDG_CACHE_HOME": str(user.home / ".cache"),
+            "TMPDIR": str(folder),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        done = subprocess.run(
+            [
+                *(user.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+                *("-m", "not slow and not wasm", "-k", KEEP, "-x", *FILES),
+            ],
+            cwd=checkout,
+            env=env,
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        tail = (done.stdout + done.stderr)[-6000:]
+        assert done.returncode == 0, tail
+        assert " passed" in done.stdout and " failed" not in done.stdout, tail
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
