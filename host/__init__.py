@@ -10,6 +10,9 @@ from . import errors as errors
 from ._events import Event as Event
 from ._host import Host as Host
 from ._host import Session as Session
+from ._stats import CapsuleCounts as CapsuleCounts
+from ._stats import HostStats as HostStats
+from ._stats import Memory as Memory
 from .audit import DONE as DONE
 from .audit import AuditRecord as AuditRecord
 from .audit import Grant as Grant
@@ -56,6 +59,9 @@ __all__ = (
     # the host
     "Host",
     "Session",
+    "HostStats",
+    "CapsuleCounts",
+    "Memory",
     "Event",
     "Limits",
     "PolicyConfig",

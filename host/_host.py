@@ -8,9 +8,12 @@ access where every call is awaitable, whatever the tool's body.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
 import re
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
@@ -29,6 +32,7 @@ from ._context import SessionContext
 from ._display import Redactor
 from ._events import EventBus, SessionLog
 from ._mediator import Caller, Mediator
+from ._stats import CapsuleCounts, HostStats, process_memory
 from ._tracing import Tracing
 from .audit import SQLiteStore, Store, StoreUnavailable
 from .capsules import (
@@ -69,6 +73,10 @@ __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
 
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 MAX_METADATA: Final = 64 * 1024
+POLICY_LOOK: Final = 5.0
+"""Seconds between the idle watch's looks at the policy files while ``session_idle`` may
+matter and no call reads them (calls read them anyway): an edit of ``session_idle`` takes
+effect within this even on a host nobody calls."""
 """Bytes a session's metadata may take encoded (it goes with every call to a tool that
 takes a context)."""
 
@@ -211,9 +219,26 @@ class Session:
             task_group=host._tg,  # pyright: ignore[reportPrivateUsage]
         )
         """The session's code sandbox, started by the first ``run_code``."""
+        self._busy = 0
+        """Calls, runs and resets in flight (a pending approval is inside its call)."""
+        self._since = time.monotonic()
+        """When the session last became idle (``[limits] session_idle`` counts from it)."""
+        self.released = False
+        """Whether its capsules were stopped because it sat idle, and no call came since."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.supervisor!r}>"
+
+    def _leave(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._since = time.monotonic()
+            self._host._went_idle(self)  # pyright: ignore[reportPrivateUsage]
+
+    @property
+    def running(self) -> bool:
+        """Whether any of its capsules (tools, code sandbox) is running now."""
+        return self.supervisor.running or self.code.running
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call a tool by its name (``"add"``, ``"kanban.add"``), as the app."""
@@ -223,7 +248,14 @@ class Session:
         self, caller: Caller, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Any:
         """Call a tool as ``caller`` (``agent``, ``script``, ``app`` or ``tool``)."""
-        return await self._host.mediator.call(self.supervisor, self.id, name, args, kwargs, caller)
+        self._busy += 1
+        self.released = False
+        try:
+            return await self._host.mediator.call(
+                self.supervisor, self.id, name, args, kwargs, caller
+            )
+        finally:
+            self._leave()
 
     async def run_code(self, source: str) -> CodeResult:
         """Run agent code in this session's sandbox; its tool calls are made as ``agent``.
@@ -234,11 +266,16 @@ class Session:
         redact_results`` says.
         """
         tracing = self._host.mediator.tracing
-        if tracing is None:
-            result = await self.code.run(source)
-        else:
-            with tracing.run_code(self.id):
+        self._busy += 1
+        self.released = False
+        try:
+            if tracing is None:
                 result = await self.code.run(source)
+            else:
+                with tracing.run_code(self.id):
+                    result = await self.code.run(source)
+        finally:
+            self._leave()
         mediator = self._host.mediator
         if not mediator.redactor:
             return result
@@ -246,7 +283,11 @@ class Session:
 
     async def reset_code(self) -> None:
         """Start the code sandbox afresh: the next run has no variables or imports."""
-        await self.code.reset()
+        self._busy += 1
+        try:
+            await self.code.reset()
+        finally:
+            self._leave()
 
     def globals_for(self, caller: Caller, *, call: CallAs | None = None) -> dict[str, Any]:
         """The globals a script or agent code sees: ``tools`` and every installed export.
@@ -320,6 +361,15 @@ class Host:
         self._session_logs = session_logs
         self._sessions: set[Session] = set()
         self._default: Session | None = None
+        self.custom_capsules = False
+        """Whether the app gave the transport factory (``Host.open(capsule=...)``)."""
+        self._idle_after: float | None = config.limits.session_idle
+        self._idle_pinned = False
+        """Whether ``Host.open(limits=...)`` set ``session_idle`` (a reload keeps it)."""
+        self._idle_wake = anyio.Event()
+        self._idle_due: float | None = None
+        """When the idle watch wakes next (``None``: only when woken)."""
+        self._watch_policy = watch_policy
 
     def __repr__(self) -> str:
         tools, sessions = len(self.discovery.tools), len(self._sessions)
@@ -383,12 +433,14 @@ class Host:
         python = config.capsules.interpreter(resolved.root)
         if python is not None and capsule is None:
             await _check_python(python, config)
+        overrides: dict[str, Any] = {}
         if limits is not None:
-            merged = config.limits.model_dump() | (
+            overrides = (
                 limits.model_dump(exclude_unset=True)
                 if isinstance(limits, Limits)
                 else dict(limits)
             )
+            merged = config.limits.model_dump() | overrides
             config = config.model_copy(update={"limits": Limits.model_validate(merged)})
         store = store or SQLiteStore(
             resolved.state_dir / "state.db", durability=config.audit.durability
@@ -410,6 +462,9 @@ class Host:
                     session_logs=session_logs,
                 )
                 host.mediator.hooks.set_files(project_hooks)
+                host.custom_capsules = capsule is not None
+                host._idle_pinned = "session_idle" in overrides
+                tg.start_soon(host._watch_idle)
                 host.mediator.tracing = Tracing.open(
                     tracer_provider, redact=host.mediator.redact, content=trace_content
                 )
@@ -457,6 +512,8 @@ class Host:
         else:
             self.events.emit("policy_reloaded", None, policy_version=change.version)
             self._check_policy(change.config, from_files=True)
+            if not self._idle_pinned:
+                self._set_idle(change.config.limits.session_idle)
 
     def _check_policy(self, config: PolicyConfig, *, from_files: bool) -> None:
         """Say what a policy silently gets wrong: no file at all, or rules that match
@@ -544,11 +601,144 @@ class Host:
         context.supervisor = supervisor
         session = Session(self, session_id, supervisor, context, values, log)
         self._sessions.add(session)
+        session._busy += 1  # pyright: ignore[reportPrivateUsage]
         try:
             await supervisor.ensure()
         except Exception as exc:  # the capsule cannot start: calls will say why
             self.events.emit("capsule_unavailable", session_id, reason=str(exc))
+        finally:
+            session._leave()  # pyright: ignore[reportPrivateUsage]
         return session
+
+    # -- idle sessions ([limits] session_idle) -----------------------------------------
+
+    @property
+    def session_idle(self) -> float | None:
+        """``[limits] session_idle`` in force, in seconds (``None``: sessions are never
+        stopped for being idle). A policy reload that changes it takes effect at once."""
+        return self._idle_after
+
+    def _set_idle(self, idle: float | None) -> None:
+        if idle != self._idle_after:
+            self._idle_after = idle
+            self._idle_wake.set()
+
+    def _went_idle(self, session: Session) -> None:
+        """``session`` has nothing in flight any more: wake the watch if it would
+        otherwise look later than this session's deadline."""
+        idle = self._idle_after
+        if idle is None:
+            return
+        due = self._idle_due
+        if due is None or session._since + idle < due:  # pyright: ignore[reportPrivateUsage]
+            self._idle_wake.set()
+
+    async def _watch_idle(self) -> None:
+        """The one task per host that stops the capsules of sessions idle for
+        ``session_idle``: it sleeps until the earliest deadline, or until woken (a session
+        became idle with no deadline ahead of it, or the setting changed)."""
+        while True:
+            wake = self._idle_wake = anyio.Event()
+            due = self._release_idle()
+            self._idle_due = due
+            delay = math.inf if due is None else max(0.0, due - time.monotonic())
+            if self._watch_policy and any(s.running for s in self._sessions):
+                delay = min(delay, POLICY_LOOK)
+            with anyio.move_on_after(delay):
+                await wake.wait()
+            if self._watch_policy and not wake.is_set():
+                # An edit of session_idle, if any, is applied; a broken file is said by a
+                # policy_reload_failed event, and calls are refused meanwhile.
+                with contextlib.suppress(PolicyFileError):
+                    self.policy.current()
+
+    def _release_idle(self) -> float | None:
+        """Stop the capsules of every session idle for ``session_idle``; the earliest
+        deadline of the others still running. Synchronous, so no call can start in a
+        session between the look at it and the stop."""
+        idle = self._idle_after
+        if idle is None:
+            return None
+        now = time.monotonic()
+        due: float | None = None
+        for session in self._sessions:
+            if session._busy or not session.running:  # pyright: ignore[reportPrivateUsage]
+                continue
+            at = session._since + idle  # pyright: ignore[reportPrivateUsage]
+            if at > now:
+                due = at if due is None else min(due, at)
+                continue
+            self._release(session, idle)
+        return due
+
+    def _release(self, session: Session, idle: float) -> None:
+        reason = f"the session was idle for {idle:g} s and its capsules were stopped"
+        stopped = [
+            what
+            for what, done in (
+                ("tools", session.supervisor.release(reason)),
+                ("code", session.code.release(reason)),
+            )
+            if done
+        ]
+        if not stopped:
+            return
+        session.released = True
+        lost = " and agent code variables" if "code" in stopped else ""
+        self.events.emit(
+            "session_released",
+            session.id,
+            idle=idle,
+            capsules=stopped,
+            state_lost=True,
+            message=f"{reason} to free memory: module state{lost} released (the key-value "
+            "store stays); the next call starts them again",
+        )
+
+    # -- figures -------------------------------------------------------------------------
+
+    async def stats(self) -> HostStats:
+        """What this host holds and does now: sessions, live capsules by kind, memory
+        (the host and every process below it), calls, approvals pending.
+
+        Memory is read from ``/proc`` in a worker thread (about 0.1 ms per process).
+        """
+        sessions = list(self._sessions)
+        kinds = self._tool_kinds()
+        counts: dict[str, int] = dict.fromkeys(("subprocess", "wasm", "other", "code"), 0)
+        for session in sessions:
+            if session.supervisor.running:
+                for kind in kinds:
+                    counts[kind] += 1
+            if session.code.running:
+                counts["code"] += 1
+        escalations = self.mediator.escalations
+        pending = sum(escalations.open_requests(s.id) for s in sessions)
+        memory = await anyio.to_thread.run_sync(process_memory)
+        rate = self.mediator.rate
+        return HostStats(
+            sessions=len(sessions),
+            idle_sessions=sum(1 for s in sessions if s.released and not s.running),
+            capsules=CapsuleCounts(**counts),
+            memory=memory,
+            calls_total=rate.total,
+            calls_per_second=rate.per_second(),
+            approvals_pending=pending,
+            session_idle=self._idle_after,
+        )
+
+    def _tool_kinds(self) -> tuple[str, ...]:
+        """What one session's running tool capsule is made of (a Wasm part and a
+        subprocess part when ``[capsules]`` splits the files)."""
+        if self.custom_capsules:
+            return ("other",)
+        capsules = self.config.capsules
+        files = [f.module for f in self.discovery.files if not f.private]
+        kinds = {
+            "wasm" if capsules.default == "wasm" or file in capsules.wasm else "subprocess"
+            for file in files
+        }
+        return tuple(sorted(kinds)) or ("subprocess",)
 
     async def _close(self) -> None:
         sessions, self._sessions = list(self._sessions), set()
@@ -597,10 +787,15 @@ class Host:
                 "state and agent code variables were lost",
             )
         for session in sessions:
+            if session.released:
+                continue  # stopped while idle: its next call starts the new tool files
+            session._busy += 1  # pyright: ignore[reportPrivateUsage]
             try:
                 await session.supervisor.ensure()
             except Exception as exc:  # the capsule cannot start: calls will say why
                 self.events.emit("capsule_unavailable", session.id, reason=str(exc))
+            finally:
+                session._leave()  # pyright: ignore[reportPrivateUsage]
         self._check_policy(self.policy.policy.config, from_files=False)  # new tool names
         return True
 

@@ -41,6 +41,7 @@ from capsule.context import Attachment, Result
 from ._binding import BoundCall, bind
 from ._display import Redactor, escape_text, summarize_arguments
 from ._events import EventBus
+from ._stats import CallRate
 from ._tracing import Tracing
 from .audit import DONE, AuditRecord, Outcome, Store, StoreFull, StoreUnavailable
 from .declare import ArgumentValidator, Discovery, Scope, ToolSpec
@@ -189,6 +190,8 @@ class Mediator:
         self.hooks = HookRunner(events, self._redactor)
         """The hooks of this host, run around every call that runs."""
         self._progress = progress_arguments(discovery)
+        self.rate = CallRate()
+        """Every call counted as it comes (``host.stats()``)."""
 
     @property
     def config(self) -> PolicyConfig:
@@ -313,6 +316,7 @@ class Mediator:
         ``parent``: for a call a tool made through its context (caller ``tool``), the
         frame of the call that made it.
         """
+        self.rate.tick()
         try:
             return await self._call(supervisor, session, name, args, kwargs, caller, parent)
         except HostError as exc:

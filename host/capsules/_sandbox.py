@@ -798,6 +798,48 @@ class CodeSandbox:
                 self._lost = True
                 self._lost_why = None
 
+    @property
+    def running(self) -> bool:
+        """Whether a guest (or a spare started ahead) is running for this session now."""
+        return self._guest is not None or self._spare is not None
+
+    def release(self, reason: str) -> bool:
+        """Stop the guest of an idle session (and its spare) to free their memory; the
+        next run starts a new one and is told that the variables of earlier runs were
+        lost, and why (``reason``). Returns whether a guest ran; refuses (``False``)
+        while a run, a reset or a retool holds the sandbox.
+
+        The guests are detached at once, so a run that comes after this never reaches
+        them, and killed in the background.
+        """
+        if self._closed or self._lock.locked():
+            return False
+        guest, self._guest = self._guest, None
+        spare, self._spare = self._spare, None
+        if guest is None and spare is None:
+            return False
+        self._stop_idle_watch()
+        if guest is not None:
+            self._lost = True
+            self._lost_why = reason
+        self._tg.start_soon(self._kill_released, guest, spare, reason)
+        return guest is not None
+
+    @staticmethod
+    async def _kill_released(guest: Guest | None, spare: _Spare | None, reason: str) -> None:
+        with anyio.CancelScope(shield=True):
+            if guest is not None:
+                guest.kill(reason)
+                with anyio.move_on_after(5):
+                    await guest.exited.wait()
+                guest.close()
+            if spare is not None:
+                with anyio.move_on_after(60):  # it may be booting: a start is bounded
+                    await spare.done.wait()
+                if spare.guest is not None:
+                    spare.guest.kill(reason)
+                    spare.guest.close()
+
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
         async with self._lock:

@@ -285,6 +285,31 @@ class Supervisor:
             with anyio.CancelScope(shield=True):
                 await transport.kill("the tool files changed")
 
+    @property
+    def running(self) -> bool:
+        """Whether a capsule is running for this session now."""
+        transport = self._transport
+        return transport is not None and transport.alive
+
+    def release(self, reason: str) -> bool:
+        """Stop the capsule of an idle session to free its memory; the next call (or
+        :meth:`ensure`) starts a new one. Not a crash: no backoff, nothing counted.
+
+        The capsule is detached at once (a call that comes after this never reaches it)
+        and killed in the background. Only for a session with no call in flight: a call
+        in flight in it would fail with ``CapsuleCrashed``. Returns whether a capsule ran.
+        """
+        transport, self._transport = self._transport, None
+        if transport is None:
+            return False
+        self._tg.start_soon(self._kill, transport, reason)
+        return True
+
+    @staticmethod
+    async def _kill(transport: Transport, reason: str) -> None:
+        with anyio.CancelScope(shield=True):
+            await transport.kill(reason)
+
     async def aclose(self) -> None:
         self._closed = True
         transport, self._transport = self._transport, None

@@ -6,7 +6,8 @@ nobody can be asked on a terminal whose input is the protocol. Over HTTP
 (``--transport http``) MCP is at ``http://HOST:PORT/mcp`` (uvicorn: asyncio only), one
 session per client, and the approval inbox at ``/inbox/``: escalations the client cannot
 answer (and those of rules with ``approvers = ["inbox"]``) wait for an answer there. Its
-URL, with the token a browser needs, goes to stderr. ``--reload`` follows changes to the
+URL, with the token a browser needs, goes to stderr; ``/stats`` answers ``host.stats()``
+as JSON to a request with that token. ``--reload`` follows changes to the
 tool files. ``toolhost inbox`` serves the inbox of a project's store with no tools: it
 answers what other host processes on that store wait for.
 """
@@ -75,6 +76,11 @@ async def _serve(args: argparse.Namespace) -> int:
         def announce(base: str) -> None:
             print(f"toolhost: MCP at {base}/mcp", file=sys.stderr)
             print(f"toolhost: approval inbox at {serve.inbox_url(base)}", file=sys.stderr)
+            print(
+                f"toolhost: figures at {base}/stats (send the inbox's token: "
+                "Authorization: Bearer TOKEN)",
+                file=sys.stderr,
+            )
             sys.stderr.flush()
 
         await run_http(serve.starlette(), host=address, port=port, on_ready=announce)

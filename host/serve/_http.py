@@ -1,4 +1,5 @@
-"""The host as an ASGI app: MCP at ``/mcp``, the approval inbox at ``/inbox/``.
+"""The host as an ASGI app: MCP at ``/mcp``, the approval inbox at ``/inbox/``, the
+host's figures at ``/stats``.
 
 :class:`ServeApp` opens the host, the MCP server, the SDK's HTTP session manager and the
 inbox in its :meth:`~ServeApp.lifespan`, and routes requests to them. ``asgi_app()`` is the
@@ -30,7 +31,8 @@ from typing import Any, Literal
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
@@ -39,7 +41,7 @@ from host.errors import HostError
 from host.policy import Approver
 
 from ._inbox import Inbox
-from ._inbox_guard import Guard
+from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
 
 __all__ = ["ServeApp", "asgi_app", "run_http"]
@@ -73,6 +75,54 @@ class _InboxEndpoint:
             await response(scope, receive, send)
             return
         await inbox(scope, receive, send)
+
+
+class _StatsEndpoint:
+    """``/stats``: ``host.stats()`` as JSON, for whoever holds the inbox's token.
+
+    The token goes in an ``Authorization: Bearer TOKEN`` header, never in the URL (where
+    logs keep it); the inbox's browser cookie is not sent here (it belongs to
+    ``/inbox/``), and a request carrying a cookie and no token is refused like any other.
+    The ``Host`` header is checked as the inbox checks it (DNS rebinding).
+    """
+
+    def __init__(self, app: ServeApp, guard: Guard) -> None:
+        self._app = app
+        self._guard = guard
+        self._asgi = SecurityHeaders(self._serve)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._asgi(scope, receive, send)
+
+    def _check(self, request: Request) -> None:
+        guard = self._guard
+        guard.check_host(request)
+        kind, _, given = request.headers.get("authorization", "").partition(" ")
+        if kind.lower() == "bearer" and given:
+            if not guard.token_matches(given.strip()):
+                guard.refused.append((request.url.path, "wrong token"))
+                raise Refused(403, "wrong token: send the inbox's token")
+            return
+        guard.refused.append((request.url.path, "no token"))
+        raise Refused(401, "send the inbox's token: Authorization: Bearer TOKEN")
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            self._check(request)
+        except Refused as refused:
+            response = refused.response()
+            if refused.status == 401:
+                response.headers["www-authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        host = self._app.host
+        if host is None:
+            response = PlainTextResponse("the host is not running", status_code=503)
+        else:
+            stats = await host.stats()
+            response = Response(stats.model_dump_json(), media_type="application/json")
+        await response(scope, receive, send)
 
 
 class ServeApp:
@@ -129,12 +179,16 @@ class ServeApp:
         """The approval inbox, while the lifespan runs (None when not served)."""
 
     def routes(self) -> list[BaseRoute]:
-        """The routes to mount: ``/mcp``, and the inbox under ``/inbox/``."""
+        """The routes to mount: ``/mcp``, and the inbox under ``/inbox/`` and ``/stats``
+        (both need the inbox's token; without the inbox, neither is served)."""
         routes: list[BaseRoute] = [
             Route("/mcp", endpoint=_McpEndpoint(self), methods=["GET", "POST", "DELETE"])
         ]
         if self._guard is not None:
             routes.append(Mount("/inbox", app=_InboxEndpoint(self)))
+            routes.append(
+                Route("/stats", endpoint=_StatsEndpoint(self, self._guard), methods=["GET"])
+            )
         return routes
 
     def inbox_url(self, base: str) -> str:

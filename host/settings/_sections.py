@@ -68,6 +68,11 @@ class Limits(_Model):
     restart_window: Duration = 60.0
     unavailable_for: Duration = 30.0
     """How long a crash-looping capsule stays unavailable before one more try."""
+    session_idle: Duration | None = None
+    """Seconds a session's capsules may sit idle (no call, run or approval in flight)
+    before they are stopped to free their memory; the next call starts them again. Module
+    state and agent code variables are lost, the key-value store stays. ``None``: never
+    (the default)."""
 
 
 class EnvConfig(_Model):
