@@ -701,7 +701,8 @@ class Host:
         """What this host holds and does now: sessions, live capsules by kind, memory
         (the host and every process below it), calls, approvals pending.
 
-        Memory is read from ``/proc`` in a worker thread (about 0.1 ms per process).
+        Memory is read from ``/proc`` in a worker thread: a few milliseconds per process
+        (``smaps_rollup`` walks every mapping), so call it for a dashboard, not per call.
         """
         sessions = list(self._sessions)
         kinds = self._tool_kinds()

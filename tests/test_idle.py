@@ -16,9 +16,21 @@ from typing import Any
 import anyio
 import pytest
 
-from host import Approval, ApprovalRequest, Event, Host, HostStats, PolicyFileError, load_policy
+from host import (
+    Approval,
+    ApprovalRequest,
+    DenyAll,
+    Event,
+    Host,
+    HostStats,
+    PolicyFileError,
+    load_policy,
+)
+from host.serve import McpServer
 
 from .fixtures.e2e.helpers import Recorder, alive, calls_in_flight, wait_gone, wait_until
+from .mcp_helpers import Recorder as McpRecorder
+from .mcp_helpers import connect, make_mcp_project
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -276,3 +288,22 @@ async def test_stats_follow_sessions_and_calls(project: Path) -> None:
         assert (third.sessions, third.capsules.subprocess) == (1, 1)
         assert third.approvals_pending == 0 and third.idle_sessions == 0
         assert HostStats.model_validate_json(third.model_dump_json()) == third
+
+
+async def test_an_mcp_client_is_told_when_its_session_is_released(tmp_path: Path) -> None:
+    project = make_mcp_project(tmp_path / "project")
+    recorder = McpRecorder()
+    async with (
+        Host.open(
+            project, approver=DenyAll("nobody answers here"), limits={"session_idle": IDLE}
+        ) as host,
+        McpServer(host).running() as server,
+        connect(server, recorder) as client,
+    ):
+        assert (await client.call_tool("count", {})).structured_content == {"result": 1}
+        await wait_until(
+            lambda: bool(recorder.events("session_released")), timeout=30, what="the log"
+        )
+        (told,) = recorder.events("session_released")
+        assert told["capsules"] == ["tools"] and told["state_lost"] is True
+        assert (await client.call_tool("count", {})).structured_content == {"result": 1}

@@ -379,6 +379,7 @@ _SESSION_EVENTS: Final[dict[str, tuple[LogLevel, tuple[str, ...]]]] = {
     "call_timed_out": ("warning", ("tool", "timeout")),
     "sandbox_reset": ("warning", ("reason", "limit")),
     "tools_reloaded": ("notice", ("message", "tools", "state_lost")),
+    "session_released": ("notice", ("message", "idle", "capsules", "state_lost")),
 }
 """Events of a session its client is told about (as log notifications), and the fields
 it sees; ``capsule_started`` is told when it is a restart."""
