@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 import anyio
 import anyio.abc
 import anyio.to_thread
+from pydantic import ValidationError
 
 from capsule.protocol import encode
 
@@ -98,6 +99,18 @@ async def _check_python(python: Path, config: PolicyConfig) -> None:
     except ValueError as exc:
         where = next((name for name, f in config.files if f.capsules is not None), "policy")
         raise PolicyFileError(str(exc), file=where, field="capsules.python") from None
+
+
+def _limits(values: Mapping[str, Any]) -> Limits:
+    """``[limits]`` with the overrides of ``Host.open(limits=...)``; a bad one is a
+    ``PolicyFileError`` naming it, as in a policy file."""
+    try:
+        return Limits.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in ("limits", *error["loc"]))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise PolicyFileError(message, file="Host.open(limits=...)", field=field) from None
 
 
 class ToolProxy:
@@ -441,7 +454,7 @@ class Host:
                 else dict(limits)
             )
             merged = config.limits.model_dump() | overrides
-            config = config.model_copy(update={"limits": Limits.model_validate(merged)})
+            config = config.model_copy(update={"limits": _limits(merged)})
         store = store or SQLiteStore(
             resolved.state_dir / "state.db", durability=config.audit.durability
         )

@@ -9,6 +9,7 @@ is shown by a session opened later being released first.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,11 @@ decision = "escalate"
 @pytest.fixture
 def project(make_project: Callable[..., Path]) -> Path:
     return make_project(TOOLS, POLICY.format(limits=""))
+
+
+def load_value(toml: str) -> Any:
+    """A TOML value as Python (what ``Host.open(limits=...)`` would be given)."""
+    return tomllib.loads(f"v = {toml}")["v"]
 
 
 def released(recorder: Recorder, session: str) -> list[Event]:
@@ -249,6 +255,12 @@ async def test_bad_values_are_refused(
     with pytest.raises(PolicyFileError):
         async with Host.open(root):
             pass
+    fine = make_project(TOOLS, POLICY.format(limits=""))
+    given = {"session_idle": load_value(value)}
+    with pytest.raises(PolicyFileError) as info:
+        async with Host.open(fine, limits=given):
+            pass
+    assert info.value.field == "limits.session_idle" and says in str(info.value)
 
 
 async def test_a_policy_reload_turns_it_on_and_off(make_project: Callable[..., Path]) -> None:
