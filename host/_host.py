@@ -663,7 +663,7 @@ class Host:
                 # An edit of session_idle, if any, is applied; a broken file is said by a
                 # policy_reload_failed event, and calls are refused meanwhile.
                 with contextlib.suppress(PolicyFileError):
-                    self.policy.current()
+                    await self.policy.latest()  # parsed in a worker thread, if it changed
 
     def _release_idle(self) -> float | None:
         """Stop the capsules of every session idle for ``session_idle``; the earliest
