@@ -235,7 +235,8 @@ class Session:
         self._busy = 0
         """Calls, runs and resets in flight (a pending approval is inside its call)."""
         self._since = time.monotonic()
-        """When the session last became idle (``[limits] session_idle`` counts from it)."""
+        """When the session last became idle (``[limits] session_idle`` counts from it;
+        kept only while it is on, and from when it was turned on)."""
         self.released = False
         """Whether its capsules were stopped because it sat idle, and no call came since."""
 
@@ -244,7 +245,7 @@ class Session:
 
     def _leave(self) -> None:
         self._busy -= 1
-        if not self._busy:
+        if not self._busy and self._host.session_idle is not None:
             self._since = time.monotonic()
             self._host._went_idle(self)  # pyright: ignore[reportPrivateUsage]
 
@@ -632,9 +633,14 @@ class Host:
         return self._idle_after
 
     def _set_idle(self, idle: float | None) -> None:
-        if idle != self._idle_after:
-            self._idle_after = idle
-            self._idle_wake.set()
+        if idle == self._idle_after:
+            return
+        if self._idle_after is None:  # turned on: idle periods count from now
+            now = time.monotonic()
+            for session in self._sessions:
+                session._since = now  # pyright: ignore[reportPrivateUsage]
+        self._idle_after = idle
+        self._idle_wake.set()
 
     def _went_idle(self, session: Session) -> None:
         """``session`` has nothing in flight any more: wake the watch if it would
