@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import re
@@ -74,12 +75,14 @@ __all__ = ["Host", "Session", "ToolProxy", "Namespace"]
 
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 MAX_METADATA: Final = 64 * 1024
-POLICY_LOOK: Final = 5.0
-"""Seconds between the idle watch's looks at the policy files while ``session_idle`` may
-matter and no call reads them (calls read them anyway): an edit of ``session_idle`` takes
-effect within this even on a host nobody calls."""
 """Bytes a session's metadata may take encoded (it goes with every call to a tool that
 takes a context)."""
+POLICY_LOOK: Final = 5.0
+"""Seconds between the idle watch's looks at the policy files while a session's capsules
+run (calls read the files anyway): an edit of ``session_idle`` takes effect within this
+even on a host nobody calls."""
+
+logger = logging.getLogger("toolhost")
 
 
 def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -680,14 +683,17 @@ class Host:
             return None
         now = time.monotonic()
         due: float | None = None
-        for session in self._sessions:
+        for session in list(self._sessions):
             if session._busy or not session.running:  # pyright: ignore[reportPrivateUsage]
                 continue
             at = session._since + idle  # pyright: ignore[reportPrivateUsage]
             if at > now:
                 due = at if due is None else min(due, at)
                 continue
-            self._release(session, idle)
+            try:
+                self._release(session, idle)
+            except Exception:  # a host bug: the session keeps its capsules, the host serves
+                logger.exception("releasing the idle session %s failed", session.id)
         return due
 
     def _release(self, session: Session, idle: float) -> None:
