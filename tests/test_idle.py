@@ -319,3 +319,28 @@ async def test_an_mcp_client_is_told_when_its_session_is_released(tmp_path: Path
         (told,) = recorder.events("session_released")
         assert told["capsules"] == ["tools"] and told["state_lost"] is True
         assert (await client.call_tool("count", {})).structured_content == {"result": 1}
+
+
+@pytest.mark.wasm
+async def test_a_wasm_tool_capsule_is_released_too(make_project: Callable[..., Path]) -> None:
+    tools = {
+        "counter": """
+            _count = 0
+
+
+            def bump() -> int:
+                global _count
+                _count += 1
+                return _count
+        """
+    }
+    root = make_project(tools, POLICY.format(limits="") + '\n[capsules]\ndefault = "wasm"\n')
+    async with Host.open(root, limits={"session_idle": IDLE}) as host:
+        recorder = Recorder(host)
+        assert await host.call("bump") == 1
+        stats = await host.stats()
+        assert (stats.capsules.wasm, stats.capsules.subprocess) == (1, 0)
+        await wait_released(recorder, host.default_session.id)
+        assert (await host.stats()).capsules.wasm == 0
+        assert await host.call("bump") == 1
+        assert (await host.stats()).capsules.wasm == 1
