@@ -7,7 +7,8 @@ a few microseconds, not a system call. ``sync`` (``msync``) puts them on the dis
 for hosts that must survive a power cut.
 
 A process of its own (:class:`Ingester` starts ``serve``) moves the records into the
-SQLite database in batches, one transaction each, and removes a segment once everything in
+database (SQLite, or PostgreSQL for hosts that share one: :class:`PgConnection`) in
+batches, one transaction each, and removes a segment once everything in
 it is committed. A host that died leaves its segments behind; the next host replays them
 (:func:`replay`) before it closes that host's open records. Readers in other processes can
 read the segments of a live host too (:func:`read_segment`), so the audit shows a call the
@@ -29,7 +30,8 @@ database, all make the writer report ``tampered``; the host then refuses every c
 ``posix_fallocate``, so a full disk fails when a segment is created (as an ``OSError``
 the store turns into a refusal), never as ``SIGBUS`` on a write into the mapping.
 
-This file runs by path as the writer process: standard library and msgpack only.
+This file runs by path as the writer process: standard library and msgpack only (and
+psycopg, imported only by a writer into PostgreSQL).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 import msgpack  # pyright: ignore[reportMissingTypeStubs]
 
@@ -59,6 +61,8 @@ from capsule import protocol
 __all__ = [
     "COLUMNS",
     "DECIDED",
+    "Connection",
+    "PgConnection",
     "END",
     "Damage",
     "Ingester",
@@ -384,7 +388,69 @@ def _read_from(
 # -- into the database ---------------------------------------------------------------------
 
 
-def apply(conn: sqlite3.Connection, entries: Sequence[list[Any]]) -> int:
+class Connection(Protocol):
+    """What the writer needs of a database connection: ``sqlite3.Connection`` (autocommit,
+    explicit transactions) or :class:`PgConnection`."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any: ...
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Any: ...
+
+    def rollback(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+_db_errors: tuple[type[Exception], ...] = (sqlite3.Error, OSError)
+"""What a failing database raises here (psycopg's errors join once it is loaded)."""
+
+
+class PgConnection:
+    """A PostgreSQL connection that speaks the SQLite dialect of this file: ``?``
+    placeholders, ``BEGIN IMMEDIATE``, ``INSERT OR IGNORE`` into ``audit`` (which becomes
+    ``ON CONFLICT (call_id) DO NOTHING``). Used by the writer process and by the
+    PostgreSQL store's replay of a dead host's journal."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    @classmethod
+    def connect(cls, url: str, timeout: float) -> PgConnection:
+        global _db_errors
+        import psycopg
+
+        _db_errors = (sqlite3.Error, OSError, psycopg.Error)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout)))
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(timeout * 1000)}ms",))
+        return cls(conn)
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        if sql == "BEGIN IMMEDIATE":
+            return "BEGIN"
+        if sql.startswith("INSERT OR IGNORE INTO audit "):
+            sql = "INSERT INTO audit " + sql[len("INSERT OR IGNORE INTO audit ") :]
+            sql += " ON CONFLICT (call_id) DO NOTHING"
+        return sql.replace("?", "%s")
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any:
+        return self._conn.execute(self._sql(sql), tuple(parameters))
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Any:
+        cursor = self._conn.cursor()
+        cursor.executemany(self._sql(sql), [tuple(p) for p in seq_of_parameters])
+        return cursor
+
+    def rollback(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+
+def apply(conn: Connection, entries: Sequence[list[Any]]) -> int:
     """Apply journal entries in order (inside the caller's transaction). Idempotent.
     Returns how many new rows were inserted."""
     rows: list[Sequence[Any]] = []
@@ -409,7 +475,7 @@ def apply(conn: sqlite3.Connection, entries: Sequence[list[Any]]) -> int:
 
 
 def _flush(
-    conn: sqlite3.Connection,
+    conn: Connection,
     rows: list[Sequence[Any]],
     ends: list[Sequence[Any]],
     decided: list[Sequence[Any]],
@@ -434,9 +500,7 @@ class Replayed:
     beside the journal as ``*.tampered``."""
 
 
-def replay(
-    conn: sqlite3.Connection, paths: Sequence[Path], *, key: bytes, host_id: str
-) -> Replayed:
+def replay(conn: Connection, paths: Sequence[Path], *, key: bytes, host_id: str) -> Replayed:
     """Apply the segments of a host that is gone (what verifies), then remove them.
 
     Records after damage in a segment cannot be found (their lengths are gone with it);
@@ -472,7 +536,9 @@ def replay(
     return Replayed(count, damage)
 
 
-def _connect(db: str, busy_timeout: float, durability: str) -> sqlite3.Connection:
+def _connect(db: str, busy_timeout: float, durability: str, url: str | None) -> Connection:
+    if url is not None:
+        return PgConnection.connect(url, busy_timeout)
     conn = sqlite3.connect(db, timeout=busy_timeout, isolation_level=None)
     conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'power' else 'NORMAL'}")
     return conn
@@ -482,7 +548,7 @@ def _segment_path(folder: Path, host_id: str, number: int) -> Path:
     return folder / f"{host_id}.{number}.log"
 
 
-def _count_rows(conn: sqlite3.Connection, host_id: str) -> int:
+def _count_rows(conn: Connection, host_id: str) -> int:
     """This host's rows in the database (call ids are ``HOST.N``: a range of the unique
     index on ``call_id``, no index of its own)."""
     (count,) = conn.execute(
@@ -519,10 +585,15 @@ class _Writer:
         """Damage or missing records seen at (segment, byte) on the last pass: a record
         being written is seen whole on the next pass; damage is seen again."""
         self.checked = 0.0
-        self.conn: sqlite3.Connection | None = None
+        self.conn: Connection | None = None
+        self.url: str | None = None
+        """The PostgreSQL database to write into (given on the handshake, never on the
+        command line: it may hold a password); None: the SQLite file ``db``."""
 
     def handshake(self, line: str) -> None:
-        _, key, number, offset, next_seq, rows = line.split()
+        _, key, number, offset, next_seq, rows, *url = line.split()
+        if url:
+            self.url = bytes.fromhex(url[0]).decode()
         self.key = bytes.fromhex(key)
         self.number, self.offset = int(number), int(offset)
         self.next_seq, self.rows = int(next_seq), int(rows)
@@ -626,9 +697,10 @@ def serve(
 ) -> int:
     """The audit writer process: follows one host's journal into the database.
 
-    Its first line on stdin is ``key HEX SEGMENT BYTE SEQ ROWS``: the host's key, where to
-    start (everything before is in the database), and how many rows of this host the
-    database holds. Then commands, one a line: ``drain`` (write what is there now),
+    Its first line on stdin is ``key HEX SEGMENT BYTE SEQ ROWS [URL]``: the host's key,
+    where to start (everything before is in the database), how many rows of this host the
+    database holds, and (hex) the PostgreSQL database to write into when ``db`` is
+    ``postgresql``. Then commands, one a line: ``drain`` (write what is there now),
     ``upto SEQ`` (the host has appended every record up to ``SEQ``), ``stop`` (the host
     is done appending: write everything, remove the segments, exit). End of input means
     the host is gone: the same as ``stop``. Reports on stdout, one a line: ``done SEGMENT
@@ -683,25 +755,24 @@ def serve(
         try:
             if entries:
                 if state.conn is None:
-                    state.conn = _connect(db, busy_timeout, durability)
+                    state.conn = _connect(db, busy_timeout, durability, state.url)
                 state.conn.execute("BEGIN IMMEDIATE")
                 try:
                     state.rows += apply(state.conn, _merged(entries))
                     state.conn.execute("COMMIT")
                 except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        state.conn.rollback()
+                    state.conn.rollback()
                     raise
             elif state.conn is None and state.rows:
-                state.conn = _connect(db, busy_timeout, durability)
+                state.conn = _connect(db, busy_timeout, durability, state.url)
             if state.conn is not None:
                 state.count(time.monotonic(), force=final)
-        except (sqlite3.Error, OSError) as exc:
+        except _db_errors as exc:
             failing = True
             text = str(exc).replace("\n", " ")
             report(f"error the audit database cannot be written: {text}\n")
             if state.conn is not None:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_db_errors):
                     state.conn.close()
                 state.conn = None
             if final:
@@ -748,7 +819,7 @@ def _merged(entries: list[list[Any]]) -> list[list[Any]]:
 
 class Ingester:
     """The host's handle on its audit writer: a process of its own (``serve``), so moving
-    records into SQLite takes nothing from the host's interpreter (no lock, no GIL).
+    records into the database takes nothing from the host's interpreter (no lock, no GIL).
 
     The host only appends to the journal; the writer follows it. :attr:`error` is set while
     the database cannot be written (the store refuses new calls: fail closed), and the
@@ -775,12 +846,15 @@ class Ingester:
         interval: float,
         busy_timeout: float,
         durability: str,
+        url: str | None = None,
     ) -> None:
+        self._url = url
+        """A PostgreSQL database to write into instead of ``db`` (sent on the handshake)."""
         self._argv = [
             sys.executable,
             "-I",  # no user site, no script folder on the path: imports only what it needs
             str(Path(__file__).resolve()),
-            str(db),
+            "postgresql" if url is not None else str(db),
             str(folder),
             host_id,
             repr(interval),
@@ -815,6 +889,8 @@ class Ingester:
         self._proc = proc
         number, offset = self.done
         start = f"{max(number, 1)} {offset} {self._seq + 1} {self._rows}"
+        if self._url is not None:
+            start += f" {self._url.encode().hex()}"
         self._send(f"key {self._key.hex()} {start}\n".encode())
         threading.Thread(
             target=self._follow, args=(proc,), name="toolhost-audit", daemon=True

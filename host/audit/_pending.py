@@ -17,13 +17,27 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any, Protocol, cast
 
 import anyio
 
 from ._records import AnswerResult, PendingAnswer, PendingApproval
 
-__all__ = ["Changes", "migrate", "insert", "select", "select_all", "offer", "answer"]
+__all__ = [
+    "Changes",
+    "RowLike",
+    "from_row",
+    "migrate",
+    "insert",
+    "select",
+    "select_all",
+    "offer",
+    "answer",
+    "outcome",
+    "row_values",
+    "strings",
+]
 
 _COLUMNS: dict[str, str] = {
     "description": "TEXT",
@@ -71,7 +85,16 @@ def migrate(conn: sqlite3.Connection) -> None:
                     raise
 
 
-def _row(row: sqlite3.Row) -> PendingApproval:
+class RowLike(Protocol):
+    """A database row by column name: ``sqlite3.Row``, or a dict (psycopg's ``dict_row``)."""
+
+    def keys(self) -> Iterable[str]: ...
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def from_row(row: RowLike) -> PendingApproval:
+    """A ``pending`` row (of any backend) as a :class:`PendingApproval`."""
     keys = set(row.keys())
     base: dict[str, Any] = {name: row[name] for name in _BASE}
     answer: PendingAnswer | None = None
@@ -90,15 +113,15 @@ def _row(row: sqlite3.Row) -> PendingApproval:
     return PendingApproval(
         **base,
         description=row["description"] if "description" in keys else None,
-        warnings=tuple(_strings(row["warnings"])) if "warnings" in keys else (),
-        approvers=tuple(_strings(approvers)) if approvers is not None else None,
+        warnings=tuple(strings(row["warnings"])) if "warnings" in keys else (),
+        approvers=tuple(strings(approvers)) if approvers is not None else None,
         offered=bool(row["offered"]) if "offered" in keys else False,
         answer=answer,
-        chain=tuple(_strings(row["chain"])) if "chain" in keys else (),
+        chain=tuple(strings(row["chain"])) if "chain" in keys else (),
     )
 
 
-def _strings(text: str | None) -> list[str]:
+def strings(text: str | None) -> list[str]:
     try:
         value: object = json.loads(text or "[]")
     except ValueError:
@@ -107,13 +130,19 @@ def _strings(text: str | None) -> list[str]:
     return [item for item in items if isinstance(item, str)]
 
 
-def insert(conn: sqlite3.Connection, pending: PendingApproval) -> None:
+def row_values(pending: PendingApproval) -> dict[str, Any]:
+    """The columns of a new ``pending`` row (no answer yet)."""
     values: dict[str, Any] = {name: getattr(pending, name) for name in _BASE}
     values["description"] = pending.description
     values["warnings"] = json.dumps(list(pending.warnings))
     values["approvers"] = None if pending.approvers is None else json.dumps(pending.approvers)
     values["offered"] = int(pending.offered)
     values["chain"] = json.dumps(list(pending.chain))
+    return values
+
+
+def insert(conn: sqlite3.Connection, pending: PendingApproval) -> None:
+    values = row_values(pending)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
         f"INSERT INTO pending ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
@@ -124,12 +153,12 @@ def insert(conn: sqlite3.Connection, pending: PendingApproval) -> None:
 
 def select(conn: sqlite3.Connection, pending_id: str) -> PendingApproval | None:
     row = conn.execute("SELECT * FROM pending WHERE id = ?", (pending_id,)).fetchone()
-    return None if row is None else _row(row)
+    return None if row is None else from_row(row)
 
 
 def select_all(conn: sqlite3.Connection) -> list[PendingApproval]:
     rows = conn.execute("SELECT * FROM pending ORDER BY created, id").fetchall()
-    return [_row(row) for row in rows]
+    return [from_row(row) for row in rows]
 
 
 def offer(conn: sqlite3.Connection, pending_id: str, margin: float) -> bool:
@@ -173,6 +202,11 @@ def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> A
         current = select(conn, pending_id)
     finally:
         conn.execute("COMMIT")
+    return outcome(won, current, now)
+
+
+def outcome(won: bool, current: PendingApproval | None, now: float) -> AnswerResult:
+    """What became of an answer: ``won`` the update, or why not (read after it)."""
     if won:
         return AnswerResult("answered", current)
     if current is None:

@@ -24,7 +24,18 @@ from typing import Final
 
 from ._records import StoredFile, StoreFull
 
-__all__ = ["SCHEMA", "FileData", "get_value", "set_value", "save_files", "files_of", "safe_name"]
+__all__ = [
+    "SCHEMA",
+    "FileData",
+    "attachment_rows",
+    "get_value",
+    "set_value",
+    "save_files",
+    "files_of",
+    "safe_name",
+    "too_big",
+    "write_files",
+]
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -88,13 +99,7 @@ def set_value(
                 "SELECT COALESCE(SUM(size), 0) FROM kv WHERE session = ? AND key != ?",
                 (session, key),
             ).fetchone()
-            total = int(row[0]) + len(value)
-            if total > max_total:
-                raise StoreFull(
-                    f"the session's values would take {total} bytes, over the limit of "
-                    f"{max_total} ([limits] max_session_store): remove keys you no longer "
-                    "need (set them to None)"
-                )
+            too_big(int(row[0]) + len(value), max_total)
             conn.execute(
                 "INSERT INTO kv (session, key, value, size, updated) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (session, key) DO UPDATE SET value = excluded.value, "
@@ -105,6 +110,16 @@ def set_value(
         conn.rollback()
         raise
     conn.execute("COMMIT")
+
+
+def too_big(total: int, max_total: int) -> None:
+    """Raise :class:`StoreFull` if a session's values would take ``total`` bytes."""
+    if total > max_total:
+        raise StoreFull(
+            f"the session's values would take {total} bytes, over the limit of "
+            f"{max_total} ([limits] max_session_store): remove keys you no longer "
+            "need (set them to None)"
+        )
 
 
 def safe_name(name: str) -> str:
@@ -164,13 +179,55 @@ def save_files(
     files: Sequence[FileData],
 ) -> list[StoredFile]:
     """Write one call's files under ``folder/SESSION/CALL/`` and record them."""
+    stored = write_files(folder, session, call_id, files)
+    now = time.time()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(
+            "INSERT OR REPLACE INTO attachments (call_id, idx, session, name, mime_type, size, "
+            "sha256, width, height, path, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            attachment_rows(folder, session, call_id, stored, now),
+        )
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.execute("COMMIT")
+    return stored
+
+
+def attachment_rows(
+    folder: Path, session: str, call_id: str, stored: Sequence[StoredFile], now: float
+) -> list[tuple[object, ...]]:
+    """The ``attachments`` rows of one call's files, in the table's column order."""
+    return [
+        (
+            call_id,
+            i,
+            session,
+            f.name,
+            f.mime_type,
+            f.size,
+            f.sha256,
+            f.width,
+            f.height,
+            os.path.relpath(f.path, folder),
+            now,
+        )
+        for i, f in enumerate(stored)
+    ]
+
+
+def write_files(
+    folder: Path, session: str, call_id: str, files: Sequence[FileData]
+) -> list[StoredFile]:
+    """Write one call's files under ``folder/SESSION/CALL/`` (names made safe and unique);
+    returns them as kept. Recording them is the caller's."""
     where = folder / _checked_id(session, "session id") / _checked_id(call_id, "call id")
     for part in (folder, where.parent, where):
         with contextlib.suppress(FileExistsError):
             part.mkdir(mode=0o700)
     taken: set[str] = set()
     stored: list[StoredFile] = []
-    now = time.time()
     for name, mime_type, data, width, height in files:
         safe = _unique(safe_name(name), taken)
         taken.add(safe)
@@ -187,32 +244,6 @@ def save_files(
                 path=str(path),
             )
         )
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.executemany(
-            "INSERT OR REPLACE INTO attachments (call_id, idx, session, name, mime_type, size, "
-            "sha256, width, height, path, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    call_id,
-                    i,
-                    session,
-                    f.name,
-                    f.mime_type,
-                    f.size,
-                    f.sha256,
-                    f.width,
-                    f.height,
-                    os.path.relpath(f.path, folder),
-                    now,
-                )
-                for i, f in enumerate(stored)
-            ],
-        )
-    except BaseException:
-        conn.rollback()
-        raise
-    conn.execute("COMMIT")
     return stored
 
 

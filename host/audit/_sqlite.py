@@ -19,10 +19,10 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -30,14 +30,13 @@ from host.trust import HostKey, host_key
 
 from . import _journal, _pending, _session
 from ._hostlock import HostLock, identity
-from ._journal import COLUMNS, DECIDED, END, ROW, Ingester, Journal
+from ._journal import COLUMNS, Journal
+from ._journaled import GRANT_FIELDS, Durability, JournaledStore
 from ._reading import tail_audit
 from ._records import (
-    DONE,
     AnswerResult,
     AuditRecord,
     Grant,
-    Outcome,
     PendingAnswer,
     PendingApproval,
     StoredFile,
@@ -50,13 +49,6 @@ __all__ = [
     "Durability",
     "SQLiteStore",
 ]
-
-_BACKLOG = 64 << 20
-"""Journal bytes the database may lag behind before new calls are refused."""
-
-Durability = Literal["process", "power"]
-"""What a decision written before dispatch survives: the host process being killed or
-crashing (``process``), or also a power cut or kernel crash (``power``: a disk sync)."""
 
 _T = TypeVar("_T")
 
@@ -127,21 +119,6 @@ PRAGMA user_version = 2;
 _ADDED: Final = {"grants": ("rule_digest TEXT", "reason TEXT", "mac TEXT")}
 """Columns added since the first schema (a database made before gets them)."""
 
-_GRANT_FIELDS: Final = (
-    "id",
-    "created",
-    "tool",
-    "caller",
-    "args_sha256",
-    "allow",
-    "rule",
-    "rule_digest",
-    "reason",
-    "summary",
-    "revoked",
-)
-"""What a grant's MAC covers (with the database's id): every column the host acts on."""
-
 
 def _migrate(conn: sqlite3.Connection) -> None:
     for table, added in _ADDED.items():
@@ -170,27 +147,7 @@ def _add_chain_column(conn: sqlite3.Connection) -> None:
             conn.execute("ALTER TABLE audit ADD COLUMN chain TEXT")
 
 
-def _grant(row: sqlite3.Row) -> Grant:
-    keys = row.keys()
-    return Grant(
-        id=row["id"],
-        created=row["created"],
-        tool=row["tool"],
-        caller=row["caller"],
-        args_sha256=row["args_sha256"],
-        allow=bool(row["allow"]),
-        rule=row["rule"],
-        summary=row["summary"],
-        rule_digest=row["rule_digest"] if "rule_digest" in keys else None,
-        reason=row["reason"] if "reason" in keys else None,
-    )
-
-
-def _grant_parts(db_id: str, values: dict[str, Any]) -> tuple[Any, ...]:
-    return (db_id, *(values[name] for name in _GRANT_FIELDS))
-
-
-class SQLiteStore:
+class SQLiteStore(JournaledStore):
     """The :class:`Store` on one SQLite file in WAL mode.
 
     Audit records go to a journal first (``journal/`` beside the database) and reach the
@@ -219,51 +176,20 @@ class SQLiteStore:
         interval: float = 0.05,
         key: HostKey | None = None,
     ) -> None:
-        if durability not in ("process", "power"):
-            raise ValueError(f"durability must be 'process' or 'power', not {durability!r}")
         self.path = Path(path)
-        self.durability: Durability = durability
-        self._busy_timeout = busy_timeout
-        self._interval = interval
+        super().__init__(
+            self.path.parent,
+            durability=durability,
+            busy_timeout=busy_timeout,
+            interval=interval,
+            key=key,
+        )
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
-        self._lock: HostLock | None = None
-        self._journal: Journal | None = None
-        self._ingester: Ingester | None = None
-        self._open: set[str] = set()
-        """Call ids recorded as ``started`` and not yet finished."""
-        self._waiting: set[str] = set()
-        """Call ids recorded as ``waiting`` for an approval, not yet decided."""
-        self._key = key
-        self._db_id = ""
-        self._told: set[tuple[str, str]] = set()
-        self._lock_checked = 0.0
-        self.on_tamper: Callable[[str, str], None] | None = None
-        """Called (on the event loop) when tampering is found: what (``journal``,
-        ``grant``, ``key``...) and a description. The host turns it into an
-        ``audit_tampered`` event."""
-        self._appended = 0
-        self._synced = 0
-        self._syncing: anyio.Event | None = None
-        self._changes = _pending.Changes()
-        self.host_id: str | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._conn is not None else "closed"
         return f"<SQLiteStore {self.path} {state}>"
-
-    @property
-    def _hosts(self) -> Path:
-        return self.path.parent / "hosts"
-
-    @property
-    def _journals(self) -> Path:
-        return self.path.parent / "journal"
-
-    @property
-    def files_dir(self) -> Path:
-        """The sessions' file area: ``files/SESSION/CALL/NAME`` beside the database."""
-        return self.path.parent / "files"
 
     async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         def work() -> _T:
@@ -363,44 +289,6 @@ class SQLiteStore:
         except OSError as exc:
             raise StoreUnavailable(f"cannot start the audit writer: {exc}") from exc
         return closed
-
-    def _start_writer(self, host_id: str) -> Ingester:
-        journal, key = self._journal, self._key
-        assert journal is not None and key is not None
-        return Ingester(
-            self.path,
-            self._journals,
-            host_id,
-            key=key.secret,
-            appended=lambda: journal.seq,
-            on_report=self._check_lock,
-            interval=self._interval,
-            busy_timeout=self._busy_timeout,
-            durability=self.durability,
-        )
-
-    def _check_lock(self) -> None:
-        """About once a second (the writer's follower thread): the lock file is still
-        this host's, or is made again, so a removed one never lasts."""
-        now = time.monotonic()
-        if now - self._lock_checked < 1.0:
-            return
-        self._lock_checked = now
-        lock = self._lock
-        if lock is not None and not lock.verify():
-            logger.warning(
-                "this host's lock file %s was removed or replaced; made again", lock.path
-            )
-
-    def _tell(self, what: str, detail: str) -> None:
-        """Report tampering once (on the event loop)."""
-        if (what, detail) in self._told:
-            return
-        self._told.add((what, detail))
-        logger.warning("tampering found (%s): %s", what, detail)
-        hook = self.on_tamper
-        if hook is not None:
-            hook(what, detail)
 
     async def reconcile(self) -> int:
         """Close what every host that is gone left open: its journal (replayed), its
@@ -502,105 +390,6 @@ class SQLiteStore:
 
     # -- audit ---------------------------------------------------------------------------
 
-    def record(self, record: AuditRecord, *, durable: bool) -> Awaitable[None]:
-        journal, ingester = self._journal, self._ingester
-        if journal is None or ingester is None:
-            raise StoreUnavailable(f"the state database {self.path} is not open")
-        call_id = record.call_id
-        tampered = ingester.tampered
-        if tampered is not None:
-            self._damaged(journal, tampered)
-        if durable:  # a decision: nothing runs unless the whole trail is healthy
-            if tampered is not None:
-                raise StoreUnavailable(
-                    f"the audit trail was tampered with ({tampered}); nothing runs until "
-                    "the host is restarted"
-                )
-            if ingester.error is not None:
-                raise StoreUnavailable(ingester.error)
-            if ingester.behind(journal.position) > _BACKLOG:
-                raise StoreUnavailable(
-                    "the audit database is more than "
-                    f"{_BACKLOG >> 20} MiB of records behind the journal"
-                )
-        waiting = call_id in self._waiting
-        if call_id in self._open or (waiting and record.outcome == "waiting"):
-            raise StoreUnavailable(f"the call id {call_id} is already in the audit trail")
-        entry = [DECIDED if waiting else ROW, *record]
-        del entry[-1]  # seq: the database numbers the rows
-        self._append(journal, entry)
-        if waiting:
-            self._waiting.discard(call_id)
-        if record.outcome == "started":
-            self._open.add(call_id)
-        elif record.outcome == "waiting":
-            self._waiting.add(call_id)
-        if durable and self.durability == "power":
-            return self._sync(journal)
-        return DONE
-
-    def _damaged(self, journal: Journal, text: str) -> None:
-        """Tampering found: report it once, and go on in a fresh segment, so the records
-        of the calls refused from now on can still be read past the damage."""
-        if ("journal", text) not in self._told:
-            journal.rotate()
-            self._tell("journal", text)
-
-    def finish(
-        self, call_id: str, outcome: Outcome, *, error_kind: str | None, error: str | None
-    ) -> Awaitable[None]:
-        journal, ingester = self._journal, self._ingester
-        if journal is None or ingester is None:
-            raise StoreUnavailable(f"the state database {self.path} is not open")
-        if call_id not in self._open:
-            return DONE  # never started here, or already closed: a terminal outcome stays
-        entry = [END, call_id, outcome, time.time(), error_kind, error]
-        self._append(journal, entry)
-        self._open.discard(call_id)
-        return DONE
-
-    def _append(self, journal: Journal, entry: list[Any]) -> None:
-        try:
-            journal.append(entry)
-        except (OSError, ValueError) as exc:
-            raise StoreUnavailable(f"the audit journal cannot be written: {exc}") from exc
-        self._appended += 1
-
-    async def _sync(self, journal: Journal) -> None:
-        """Wait until everything appended so far is on the disk; one ``msync`` serves every
-        call that arrives while another runs."""
-        target = self._appended
-        while self._synced < target:
-            running = self._syncing
-            if running is not None:
-                await running.wait()
-                continue
-            self._syncing = done = anyio.Event()
-            upto = self._appended
-            try:
-                with anyio.CancelScope(shield=True):  # followers depend on it
-                    await anyio.to_thread.run_sync(journal.sync)
-            except (OSError, ValueError) as exc:
-                raise StoreUnavailable(f"the audit journal cannot be synced: {exc}") from exc
-            else:
-                self._synced = max(self._synced, upto)
-            finally:
-                self._syncing = None
-                done.set()
-
-    async def flush(self) -> None:
-        """Wait until every record so far is in the database (raises
-        :class:`StoreUnavailable` if it cannot be written within ``busy_timeout``)."""
-        ingester, journal = self._ingester, self._journal
-        if ingester is None or journal is None:
-            return
-        try:
-            await anyio.to_thread.run_sync(
-                ingester.drain, journal.position, self._busy_timeout + 1.0
-            )
-        except TimeoutError as exc:
-            raise StoreUnavailable(str(exc)) from None
-
     async def tail(self, count: int) -> list[AuditRecord]:
         """The last ``count`` records, oldest first: the database's, with what the journals
         of running hosts hold that has not reached it yet."""
@@ -615,11 +404,6 @@ class SQLiteStore:
         return await self._run(work)
 
     # -- grants ----------------------------------------------------------------------------
-
-    def _grant_mac(self, values: dict[str, Any]) -> str:
-        key = self._key
-        assert key is not None
-        return key.mac("grant", *_grant_parts(self._db_id, values))
 
     async def add_grant(self, grant: Grant) -> Grant:
         created = grant.created or time.time()
@@ -654,26 +438,6 @@ class SQLiteStore:
         grant_id = await self._run(work)
         return replace(grant, id=grant_id, created=created, session=None)
 
-    def _verified(self, rows: list[sqlite3.Row]) -> list[Grant]:
-        """The rows this host's key signed; any other is ignored and reported (a row
-        planted in the database, or one changed after it was written)."""
-        good: list[Grant] = []
-        key = self._key
-        assert key is not None
-        for row in rows:
-            values = {name: row[name] for name in _GRANT_FIELDS}
-            values["allow"] = int(values["allow"]) if values["allow"] is not None else None
-            if key.verify(row["mac"], "grant", *_grant_parts(self._db_id, values)):
-                good.append(_grant(row))
-            else:
-                self._tell(
-                    "grant",
-                    f"grant {row['id']} ({ascii(row['tool'])[:80]}, "
-                    f"{'allow' if row['allow'] else 'deny'}) is not signed by this host's key: "
-                    "ignored",
-                )
-        return good
-
     async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Grant]:
         def work(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             return conn.execute(
@@ -701,7 +465,7 @@ class SQLiteStore:
                 return False
             # Signed again with the time of revocation: clearing it breaks the MAC, so a
             # revoked grant cannot be brought back by editing the database.
-            values = {name: row[name] for name in _GRANT_FIELDS}
+            values = {name: row[name] for name in GRANT_FIELDS}
             values["revoked"] = time.time()
             conn.execute(
                 "UPDATE grants SET revoked = ?, mac = ? WHERE id = ?",
@@ -729,36 +493,6 @@ class SQLiteStore:
 
         await self._run(work)
         self._changes.bump()
-
-    def _answer_parts(self, pending_id: str, answer: PendingAnswer) -> tuple[Any, ...]:
-        return (
-            self._db_id,
-            pending_id,
-            answer.allow,
-            answer.remember,
-            answer.scope,
-            answer.comment,
-            answer.approver,
-            answer.channel,
-            answer.answered,
-        )
-
-    def _checked(self, pending: PendingApproval | None) -> PendingApproval | None:
-        """``pending`` with its answer only if this store signed it: an answer written
-        into the database by anybody else (to approve a call) answers nothing."""
-        key = self._key
-        if pending is None or pending.answer is None or key is None:
-            return pending
-        if key.verify(
-            pending.answer.mac, "answer", *self._answer_parts(pending.id, pending.answer)
-        ):
-            return pending
-        self._tell(
-            "answer",
-            f"the answer to request {pending.id} ({ascii(pending.tool)[:80]}) is not signed by "
-            "this host's key: ignored",
-        )
-        return replace(pending, answer=None)
 
     async def pending(self) -> list[PendingApproval]:
         rows = await self._run(_pending.select_all)
@@ -791,12 +525,6 @@ class SQLiteStore:
         result = await self._run(work)
         self._changes.bump()
         return replace(result, pending=self._checked(result.pending))
-
-    def pending_version(self) -> int:
-        return self._changes.version
-
-    async def pending_changed(self, seen: int, timeout: float) -> int:
-        return await self._changes.wait(seen, timeout)
 
     # -- a session's own state -------------------------------------------------------------
 
