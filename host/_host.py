@@ -36,7 +36,7 @@ from ._events import EventBus, SessionLog
 from ._mediator import Caller, Mediator
 from ._stats import CapsuleCounts, HostStats, process_memory
 from ._tracing import Tracing
-from .audit import SQLiteStore, Store, StoreUnavailable
+from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
     CodeResult,
     CodeSandbox,
@@ -353,7 +353,7 @@ class Host:
         """This host's id in the audit trail (each call id starts with it)."""
         self.store = store
         """The state database: audit trail, grants, pending approvals."""
-        if isinstance(store, SQLiteStore):
+        if isinstance(store, JournaledStore):
             store.on_tamper = self._tampered
         self.policy = PolicySource(
             config,
@@ -402,7 +402,7 @@ class Host:
         limits: Limits | Mapping[str, Any] | None = None,
         capsule: TransportFactory | None = None,
         approver: Approver | Literal["inbox"] | None = None,
-        store: Store | None = None,
+        store: Store | str | None = None,
         session: str | None = None,
         session_logs: bool = False,
         tracer_provider: Any = None,
@@ -421,8 +421,10 @@ class Host:
                 ``decide`` method (default: the terminal approver when stdin is a
                 terminal, else deny-all); ``"inbox"``: the approval inbox answers
                 (an ``InboxApprover`` over this host's store).
-            store: the state database (default: ``SQLiteStore`` at
-                ``PROJECT/.agent/state.db``); the host opens and closes it.
+            store: the state database, or a ``postgresql://`` URL (a database several
+                hosts share); default: ``$TOOLHOST_STORE``, else the policy's ``[store]
+                url``, else ``SQLiteStore`` at ``PROJECT/.agent/state.db``. The host opens
+                and closes it.
             session: the default session's id (letters, digits, ``_``, ``-``; at most
                 64): give the id of an earlier session to find its key-value store and
                 files again. Default: a new random id.
@@ -459,9 +461,17 @@ class Host:
             )
             merged = config.limits.model_dump() | overrides
             config = config.model_copy(update={"limits": _limits(merged)})
-        store = store or SQLiteStore(
-            resolved.state_dir / "state.db", durability=config.audit.durability
-        )
+        if store is None or isinstance(store, str):
+            try:
+                url = store if store is not None else config.store.resolve(os.environ)
+                store = store_for(
+                    url,
+                    resolved.state_dir,
+                    durability=config.audit.durability,
+                    stale_after=config.store.stale_after,
+                )
+            except (ValueError, StoreUnavailable) as exc:
+                raise HostError(f"the host cannot start: {exc}") from None
         if approver == "inbox":
             approver = InboxApprover(store)
         try:

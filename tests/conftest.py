@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from .pg_helpers import PgServer
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_SRC = ROOT / "agent_src"
@@ -44,3 +46,24 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
 def _canary_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """A secret in the host's environment that no capsule may ever see."""
     monkeypatch.setenv("CANARY_SECRET", "canary-" + os.urandom(8).hex())
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throw-away PostgreSQL server for the whole run, started on first use; tests
+    that stop it start their own (``PgServer()``)."""
+    server = PgServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A fresh database on the session's server, dropped after the test."""
+    name = pg_server.create_database()
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.drop_database(name)

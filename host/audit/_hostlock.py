@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["HostLock", "identity", "running"]
+__all__ = ["HostLock", "identity", "running", "same_machine"]
 
 if sys.platform != "win32":
     import fcntl
@@ -89,6 +89,13 @@ def running(ident: str | None) -> bool | None:
     if namespace != _namespace():
         return None
     return _start_ticks(int(pid)) == start
+
+
+def same_machine(ident: str | None) -> bool:
+    """Whether the process ``ident`` names ran on this machine, since its last boot, in
+    this pid namespace (so its lock and :func:`running` can tell whether it is gone)."""
+    parts = (ident or "").split(":")
+    return len(parts) == 4 and parts[0] == _boot() and parts[1] == _namespace()
 
 
 class HostLock:

@@ -28,6 +28,7 @@ from ._hooks import HOOKS_COMMANDS
 from ._policy import POLICY_COMMANDS
 from ._scope import SCOPE_COMMANDS
 from ._serve import SERVE_COMMANDS
+from ._store import STORE_COMMANDS
 
 __all__ = ["main", "COMMANDS"]
 
@@ -38,6 +39,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
     *POLICY_COMMANDS,
     *HOOKS_COMMANDS,
     *SERVE_COMMANDS,
+    *STORE_COMMANDS,
 ]
 """Each adds one sub-command, in the order ``toolhost --help`` lists them."""
 

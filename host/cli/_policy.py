@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ import anyio.to_thread
 
 from host._events import EventBus
 from host._mediator import Mediator
-from host.audit import SQLiteStore, StoreUnavailable
+from host.audit import SQLiteStore, Store, StoreUnavailable, store_for
 from host.capsules import capsule_of
 from host.declare import Project, discover, load_or_build_scope, resolve_project
 from host.errors import HostError
@@ -54,11 +55,17 @@ def _print(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     print(dumps(data) if args.json else text)
 
 
-async def _open_store(project: Project) -> SQLiteStore:
-    store = SQLiteStore(project.state_dir / "state.db")
+async def _open_store(project: Project) -> Store:
+    """The project's store as its hosts open it (``TOOLHOST_STORE``, ``[store]``, SQLite)."""
+    config = load_policy(project.policy_files, root=project.root)
     try:
+        store = store_for(
+            config.store.resolve(os.environ),
+            project.state_dir,
+            stale_after=config.store.stale_after,
+        )
         await store.start(f"cli-{uuid.uuid4().hex[:8]}")
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, ValueError) as exc:
         raise HostError(str(exc)) from None
     return store
 

@@ -32,6 +32,7 @@ from host.settings import (
     Duration,
     EnvConfig,
     Limits,
+    StoreConfig,
     parse_duration,
     parse_size,
 )
@@ -208,6 +209,7 @@ class PolicyFile(_Model):
     env: EnvConfig | None = None
     capsules: CapsulesConfig | None = None
     audit: AuditConfig | None = None
+    store: StoreConfig | None = None
 
 
 class PolicyConfig(BaseModel):
@@ -224,6 +226,7 @@ class PolicyConfig(BaseModel):
     env: EnvConfig = EnvConfig()
     capsules: CapsulesConfig = CapsulesConfig()
     audit: AuditConfig = AuditConfig()
+    store: StoreConfig = StoreConfig()
 
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]#]*?)\s*\]\]?\s*(#.*)?$")
@@ -436,7 +439,7 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
         digest.update(f"{display}\0{len(text)}\0".encode())
         digest.update(text.encode())
     merged: dict[str, Any] = {"files": files, "version": digest.hexdigest()[:12]}
-    for attr in ("defaults", "limits", "env", "capsules", "audit"):
+    for attr in ("defaults", "limits", "env", "capsules", "audit", "store"):
         value = _merge_one(files, attr)
         if value is not None:
             merged[attr] = value

@@ -18,8 +18,9 @@ from pathlib import Path
 from starlette.applications import Starlette
 
 from host._display import Redactor
-from host.audit import SQLiteStore
+from host.audit import StoreUnavailable, store_for
 from host.declare import resolve_project
+from host.errors import HostError
 from host.policy import PolicyConfig, load_policy
 
 from ._http import run_http
@@ -56,7 +57,10 @@ async def serve_inbox(
     """
     resolved = resolve_project(Path(project))
     config = load_policy(resolved.policy_files, root=resolved.root)
-    store = SQLiteStore(resolved.state_dir / "state.db")
+    try:
+        store = store_for(config.store.resolve(os.environ), resolved.state_dir)
+    except (StoreUnavailable, ValueError) as exc:
+        raise HostError(f"the inbox cannot open the store: {exc}") from None
     await store.attach()
     try:
         inbox = Inbox(

@@ -1,4 +1,5 @@
-"""The policy sections several wings read: ``[limits]``, ``[env]``, ``[capsules]``, ``[audit]``.
+"""The policy sections several wings read: ``[limits]``, ``[env]``, ``[capsules]``, ``[audit]``,
+``[store]``.
 
 They are parsed with the rest of the policy file (``host.policy``), but the capsules and
 the audit read them too, so they live below both: a capsule never imports the policy.
@@ -31,6 +32,9 @@ __all__ = [
     "DEFAULT_DATA_QUOTA",
     "CapsulesConfig",
     "AuditConfig",
+    "EnvRef",
+    "StoreConfig",
+    "STORE_ENV",
 ]
 
 Caller = Literal["agent", "script", "app", "tool"]
@@ -254,3 +258,63 @@ class AuditConfig(_Model):
     """``process``: safe against the host being killed or crashing (the default, about a
     microsecond per call); ``power``: also against a power cut (a disk sync per decision,
     shared by the calls in flight together). Read when the host starts."""
+
+
+STORE_ENV = "TOOLHOST_STORE"
+"""The environment variable that names the store when ``Host.open`` is not given one."""
+
+
+class EnvRef(_Model):
+    """``{ env = "NAME" }``: a value read from the host's environment when it starts."""
+
+    env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_store_url(url: str, where: str) -> str:
+    """A PostgreSQL URL, or a ``ValueError`` saying what to write instead."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ValueError(
+            f"{where} must be a postgresql:// URL (the SQLite store needs none: leave [store] out)"
+        )
+    return url
+
+
+class StoreConfig(_Model):
+    """``[store]``: where the host keeps its state (README, "Several hosts on one
+    PostgreSQL"). Without it the host uses SQLite in ``.agent/state.db``."""
+
+    url: str | EnvRef | None = None
+    """A ``postgresql://`` URL, or ``{ env = "NAME" }``: the variable holding it (a URL
+    with a password never belongs in a policy file; one written there is refused)."""
+    stale_after: Duration = 30.0
+    """Seconds without a heartbeat after which any replica closes what a host left open."""
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, value: str | EnvRef | None) -> str | EnvRef | None:
+        if isinstance(value, str):
+            _check_store_url(value, "[store] url")
+            tail = value.split("://", 1)[1].split("/", 1)[0]
+            if "@" in tail and ":" in tail.rsplit("@", 1)[0]:
+                raise ValueError(
+                    "[store] url holds a password: put the URL in an environment variable "
+                    'and write url = { env = "NAME" }'
+                )
+        return value
+
+    def resolve(self, environ: Mapping[str, str]) -> str | None:
+        """The store's URL: ``TOOLHOST_STORE``, else ``url`` (its variable read now);
+        None: the SQLite store. Raises ``ValueError`` naming what is missing."""
+        chosen = environ.get(STORE_ENV)
+        if chosen:
+            return _check_store_url(chosen, STORE_ENV)
+        url = self.url
+        if isinstance(url, EnvRef):
+            found = environ.get(url.env)
+            if not found:
+                raise ValueError(
+                    f"[store] url names the environment variable {url.env}, which is not "
+                    "set: set it to the database's postgresql:// URL"
+                )
+            return _check_store_url(found, url.env)
+        return url
