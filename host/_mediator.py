@@ -25,6 +25,7 @@ clients), read from the policy version the call was decided against.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -175,6 +176,8 @@ class Mediator:
         self.host_id = host_id
         self._validator = ArgumentValidator(scope) if scope is not None else None
         """Checks bound arguments against each tool's input schema (compiled once per tool)."""
+        self._scope = scope
+        self._tool_digests: dict[str, str] = {}
         self.quotas = Quotas()
         self.escalations = Escalations(approver, store, events, host_id)
         self._frames: dict[int, CallFrame] = {}
@@ -207,6 +210,8 @@ class Mediator:
         self._discovery = discovery
         self._names = names
         self._validator = ArgumentValidator(scope) if scope is not None else None
+        self._scope = scope
+        self._tool_digests = {}
         self._progress = progress_arguments(discovery)
 
     def redact(self, text: str) -> str:
@@ -268,6 +273,25 @@ class Mediator:
         """Drop a closed session's quotas and remembered answers."""
         self.quotas.forget_session(session)
         self.escalations.forget_session(session)
+
+    def _tool_digest(self, tool: str) -> str | None:
+        """A digest of the tool's declaration: its parameters, return type and schemas
+        (what a grant is given for; computed at the first escalation of each scope)."""
+        scope = self._scope
+        if not self._tool_digests and scope is not None:
+            schemas = scope.schemas()
+            for decl in scope.tools:
+                text = json.dumps(
+                    {
+                        "params": [[p.name, p.kind, p.type, p.default] for p in decl.params],
+                        "returns": decl.returns,
+                        "schemas": schemas.get(decl.name),
+                    },
+                    sort_keys=True,
+                    default=str,
+                )
+                self._tool_digests[decl.name] = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return self._tool_digests.get(tool)
 
     def _description(self, tool: str) -> str | None:
         """The first paragraph of a tool's docstring, for the person asked about a call."""
@@ -640,6 +664,7 @@ class Mediator:
                         approvers=decision.approvers,
                         description=self._description(tool),
                         chain=chain,
+                        tool_digest=self._tool_digest(tool),
                     )
                 )
                 record = record._replace(approval=ticket.how)

@@ -309,3 +309,36 @@ async def test_a_store_that_cannot_open(backend: str, tmp_path: Path) -> None:
         await store.start("h1")
     assert "s3cret-pw" not in str(caught.value)
     await store.aclose()
+
+
+POLICY = """\
+version = 1
+
+[[rules]]
+id = "ask"
+tools = ["launch"]
+decision = "escalate"
+"""
+
+
+async def test_a_grant_answers_the_tool_as_declared_and_a_changed_one_asks_again(
+    backend: str, make_project: Callable[..., Path], request: pytest.FixtureRequest
+) -> None:
+    from host import Approval, Host
+    from host.testing import in_process
+
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else None
+    asked: list[str] = []
+
+    async def approver(req: Any) -> Approval:
+        asked.append(req.tool)
+        return Approval(True, "always", "tool")
+
+    before = 'def launch(target: str) -> str:\n    return "at " + target\n'
+    after = 'def launch(target: str, count: int = 1) -> str:\n    return "at " + target\n'
+    project = make_project({"desk": before}, POLICY)
+    for source, expect in ((before, 1), (before, 1), (after, 2), (after, 2)):
+        (project / "tools" / "desk.py").write_text(source)
+        async with Host.open(project, approver=approver, capsule=in_process(), store=url) as host:
+            assert await host.call("launch", target="x") == "at x"
+        assert len(asked) == expect  # asked once per declaration of the tool

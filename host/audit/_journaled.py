@@ -37,7 +37,14 @@ from ._records import (
 
 logger = logging.getLogger("toolhost.audit")
 
-__all__ = ["GRANT_FIELDS", "Durability", "JournaledStore", "grant_from_row", "grant_parts"]
+__all__ = [
+    "GRANT_FIELDS",
+    "Durability",
+    "JournaledStore",
+    "grant_from_row",
+    "grant_parts",
+    "grant_values",
+]
 
 _BACKLOG = 64 << 20
 """Journal bytes the database may lag behind before new calls are refused."""
@@ -59,7 +66,9 @@ GRANT_FIELDS: Final = (
     "summary",
     "revoked",
 )
-"""What a grant's MAC covers (with the database's id): every column the host acts on."""
+"""What a grant's MAC covers (with the database's id): every column the host acts on;
+and ``tool_digest`` too, when the grant has one (so grants signed before it existed still
+verify)."""
 
 
 def grant_from_row(row: RowLike) -> Grant:
@@ -75,11 +84,23 @@ def grant_from_row(row: RowLike) -> Grant:
         summary=row["summary"],
         rule_digest=row["rule_digest"] if "rule_digest" in keys else None,
         reason=row["reason"] if "reason" in keys else None,
+        tool_digest=row["tool_digest"] if "tool_digest" in keys else None,
     )
 
 
+def grant_values(row: RowLike) -> dict[str, Any]:
+    """What a grant's MAC covers, read from its row."""
+    values = {name: row[name] for name in GRANT_FIELDS}
+    values["allow"] = int(values["allow"]) if values["allow"] is not None else None
+    if "tool_digest" in set(row.keys()):
+        values["tool_digest"] = row["tool_digest"]
+    return values
+
+
 def grant_parts(db_id: str, values: dict[str, Any]) -> tuple[Any, ...]:
-    return (db_id, *(values[name] for name in GRANT_FIELDS))
+    parts = (db_id, *(values[name] for name in GRANT_FIELDS))
+    digest = values.get("tool_digest")
+    return parts if digest is None else (*parts, "tool", digest)
 
 
 class JournaledStore:
@@ -296,8 +317,7 @@ class JournaledStore:
         key = self._key
         assert key is not None
         for row in rows:
-            values = {name: row[name] for name in GRANT_FIELDS}
-            values["allow"] = int(values["allow"]) if values["allow"] is not None else None
+            values = grant_values(row)
             if key.verify(row["mac"], "grant", *grant_parts(self._db_id, values)):
                 good.append(grant_from_row(row))
             else:

@@ -48,7 +48,7 @@ from host.trust import HostKey, host_key
 from . import _journal, _pending, _session
 from ._hostlock import HostLock, identity, same_machine
 from ._journal import Journal, PgConnection
-from ._journaled import GRANT_FIELDS, Durability, JournaledStore
+from ._journaled import Durability, JournaledStore, grant_values
 from ._pg_listen import CHANNEL, GRANTS_CHANNEL, Listener, close_hosts
 from ._pg_schema import VERSION, is_unavailable, migrate, version
 from ._records import (
@@ -440,6 +440,7 @@ class PgStore(JournaledStore):
             "rule_digest": grant.rule_digest,
             "reason": grant.reason,
             "summary": grant.summary,
+            "tool_digest": grant.tool_digest,
             "revoked": None,
         }
 
@@ -447,8 +448,8 @@ class PgStore(JournaledStore):
             with conn.transaction():
                 row = conn.execute(
                     "INSERT INTO grants (created, tool, caller, args_sha256, allow, rule, "
-                    "rule_digest, reason, summary) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "RETURNING id",
+                    "rule_digest, reason, summary, tool_digest) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                     tuple(values[n] for n in values if n != "revoked"),
                 ).fetchone()
                 assert row is not None
@@ -491,7 +492,7 @@ class PgStore(JournaledStore):
                 if not rows:
                     return False
                 # Signed again with the time of revocation (as SQLiteStore does).
-                values = {name: rows[0][name] for name in GRANT_FIELDS}
+                values = grant_values(rows[0])
                 values["revoked"] = time.time()
                 conn.execute(
                     "UPDATE grants SET revoked = %s, mac = %s WHERE id = %s",

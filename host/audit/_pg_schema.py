@@ -61,7 +61,8 @@ CREATE TABLE grants (
     revoked double precision,
     rule_digest text,
     reason text,
-    mac text
+    mac text,
+    tool_digest text
 );
 CREATE INDEX grants_tool ON grants (tool, caller) WHERE revoked IS NULL;
 CREATE TABLE pending (

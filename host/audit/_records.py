@@ -152,6 +152,10 @@ class Grant:
     answers only calls escalated by the same rules saying the same thing."""
     reason: str | None = None
     """The reason the person was shown when they answered."""
+    tool_digest: str | None = None
+    """A digest of the tool's declaration (its signature and schemas) when the answer was
+    given: a remembered allow answers only calls of the tool as it was then (a changed
+    tool asks again). None for grants given before it was recorded."""
     id: int | None = None
     session: str | None = None
     """Set for a grant that lasts one session (kept in memory, never stored)."""

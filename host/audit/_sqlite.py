@@ -31,7 +31,7 @@ from host.trust import HostKey, host_key
 from . import _journal, _pending, _session
 from ._hostlock import HostLock, identity
 from ._journal import COLUMNS, Journal
-from ._journaled import GRANT_FIELDS, Durability, JournaledStore
+from ._journaled import Durability, JournaledStore, grant_values
 from ._reading import tail_audit
 from ._records import (
     AnswerResult,
@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS hosts (
 PRAGMA user_version = 2;
 """
 
-_ADDED: Final = {"grants": ("rule_digest TEXT", "reason TEXT", "mac TEXT")}
+_ADDED: Final = {"grants": ("rule_digest TEXT", "reason TEXT", "mac TEXT", "tool_digest TEXT")}
 """Columns added since the first schema (a database made before gets them)."""
 
 
@@ -417,6 +417,7 @@ class SQLiteStore(JournaledStore):
             "rule_digest": grant.rule_digest,
             "reason": grant.reason,
             "summary": grant.summary,
+            "tool_digest": grant.tool_digest,
             "revoked": None,
         }
 
@@ -465,7 +466,7 @@ class SQLiteStore(JournaledStore):
                 return False
             # Signed again with the time of revocation: clearing it breaks the MAC, so a
             # revoked grant cannot be brought back by editing the database.
-            values = {name: row[name] for name in GRANT_FIELDS}
+            values = grant_values(row)
             values["revoked"] = time.time()
             conn.execute(
                 "UPDATE grants SET revoked = ?, mac = ? WHERE id = ?",

@@ -223,6 +223,12 @@ class Ticket:
 # -- escalations ---------------------------------------------------------------------------
 
 
+def _same_tool(grant: Grant, e: Escalation) -> bool:
+    """Whether ``grant`` was given for the tool as it is declared now (a grant that
+    recorded no declaration, given by an older host, answers as before)."""
+    return grant.tool_digest is None or grant.tool_digest == e.tool_digest
+
+
 def _same_rule(grant: Grant, e: Escalation) -> bool:
     """Whether ``grant`` was given under the rules that escalate ``e``, as they are now."""
     return (
@@ -265,6 +271,9 @@ class Escalation:
     rule_digest: str | None = None
     """What the rule that escalated says (``Decision.rule_digest``): a remembered allow
     answers this call only if it was given under the same."""
+    tool_digest: str | None = None
+    """A digest of the tool's declaration (signature and schemas): a remembered allow
+    answers this call only if it was given for the same."""
 
 
 class Escalations:
@@ -307,7 +316,9 @@ class Escalations:
         grants += await self._store.find_grants(e.tool, e.caller, e.args_sha256)
         # An allow answers the rule that asked: given under another rule, or under this
         # one when it said something else, it answers nothing (a deny always counts).
-        grants = [g for g in grants if not g.allow or _same_rule(g, e)]
+        # An allow answers only the tool as it was declared when it was given: a tool whose
+        # signature or schemas changed asks again.
+        grants = [g for g in grants if not g.allow or (_same_rule(g, e) and _same_tool(g, e))]
         if e.approvers is not None:
             # Grants do not say which channel made them: only a remembered deny counts.
             grants = [g for g in grants if not g.allow]
@@ -489,6 +500,7 @@ class Escalations:
                 else None,
                 rule_digest=e.rule_digest,
                 reason=e.reason,
+                tool_digest=e.tool_digest,
                 session=e.session if approval.remember == "session" else None,
             )
             if approval.remember == "session":
