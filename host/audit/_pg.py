@@ -103,7 +103,7 @@ class PgStore(JournaledStore):
         interval: seconds between the journal's batches into the database.
         key: the key the journal's records, grants and answers are signed with (default:
             the host's key). Replicas on several machines need the same key (the same
-            key file, ``TOOLHOST_KEY``) to trust each other's grants and answers.
+            key file, ``TOOLHOST_KEY_FILE``) to trust each other's grants and answers.
         pool_size: connections in the pool (and worker threads using them at once).
         heartbeat: seconds between two heartbeats of this host.
         stale_after: seconds without a heartbeat after which any replica takes a host for
@@ -279,6 +279,14 @@ class PgStore(JournaledStore):
 
     async def start(self, host_id: str) -> int:
         await self._connect()
+        try:
+            return await self._start(host_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):  # nothing of a host that did not start stays
+                await self.aclose()
+            raise
+
+    async def _start(self, host_id: str) -> int:
         self.host_id = host_id
 
         def register(conn: _Conn) -> None:

@@ -156,7 +156,9 @@ class Listener:
         beat = reap = woke = now
         while not self._stop.is_set():
             changed = False
-            for _ in conn.notifies(timeout=self._poll, stop_after=64):
+            # The first notification ends the wait (the waiters read the table: one
+            # wake-up covers every change so far); the next turn takes what follows.
+            for _ in conn.notifies(timeout=self._poll, stop_after=1):
                 changed = True
             now = time.monotonic()
             if now - woke >= self._catch_up:
