@@ -659,6 +659,7 @@ class Mediator:
                         rule_digest=decision.rule_digest,
                         policy_version=policy.version,
                         timeout=policy.escalation_timeout,
+                        grant_expiry=policy.grant_expiry,
                         max_pending=self._config.limits.max_pending_approvals,
                         redactor=self._redactor,
                         approvers=decision.approvers,

@@ -342,3 +342,51 @@ async def test_a_grant_answers_the_tool_as_declared_and_a_changed_one_asks_again
         async with Host.open(project, approver=approver, capsule=in_process(), store=url) as host:
             assert await host.call("launch", target="x") == "at x"
         assert len(asked) == expect  # asked once per declaration of the tool
+
+
+async def test_an_expired_grant_answers_nothing_and_its_expiry_is_signed(
+    open_store: Opener, backend: str, request: pytest.FixtureRequest
+) -> None:
+    store = await open_store()
+    told: list[str] = []
+    store.on_tamper = lambda what, detail: told.append(what)
+    past = await store.add_grant(Grant("launch", "app", True, None, expires=time.time() - 1))
+    live = await store.add_grant(Grant("launch", "agent", True, None, expires=time.time() + 600))
+    assert await store.find_grants("launch", "app", "aa" * 32) == []
+    assert await store.find_grants("launch", "agent", "aa" * 32) == [live]
+    assert await store.grants() == [live]
+    assert past.id is not None
+    sql = "UPDATE grants SET expires = expires + 3600 WHERE id = %s"  # extended by hand
+    if backend == "postgresql":
+        import psycopg
+
+        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+            conn.execute(sql, (past.id,))
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(store.where)
+        with conn:
+            conn.execute(sql.replace("%s", "?"), (past.id,))
+        conn.close()
+    assert await store.find_grants("launch", "app", "aa" * 32) == []
+    assert told == ["grant"]
+
+
+async def test_a_policy_gives_always_answers_an_expiry(
+    make_project: Callable[..., Path],
+) -> None:
+    from host import Approval, Host
+    from host.testing import in_process
+
+    async def approver(req: Any) -> Approval:
+        return Approval(True, "always", "tool")
+
+    project = make_project(
+        {"desk": 'def launch(target: str) -> str:\n    return "at " + target\n'},
+        POLICY.replace("version = 1\n", 'version = 1\n[defaults]\ngrant_expiry = "2h"\n'),
+    )
+    async with Host.open(project, approver=approver, capsule=in_process()) as host:
+        await host.call("launch", target="x")
+        (grant,) = await host.store.grants()
+    assert grant.expires is not None and 7000 < grant.expires - time.time() <= 7200

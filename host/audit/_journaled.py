@@ -67,8 +67,11 @@ GRANT_FIELDS: Final = (
     "revoked",
 )
 """What a grant's MAC covers (with the database's id): every column the host acts on;
-and ``tool_digest`` too, when the grant has one (so grants signed before it existed still
+and those of :data:`_OPTIONAL` the grant has (so grants signed before they existed still
 verify)."""
+
+_OPTIONAL: Final = ("tool_digest", "expires")
+"""Grant columns added later, signed when set."""
 
 
 def grant_from_row(row: RowLike) -> Grant:
@@ -85,6 +88,7 @@ def grant_from_row(row: RowLike) -> Grant:
         rule_digest=row["rule_digest"] if "rule_digest" in keys else None,
         reason=row["reason"] if "reason" in keys else None,
         tool_digest=row["tool_digest"] if "tool_digest" in keys else None,
+        expires=row["expires"] if "expires" in keys else None,
     )
 
 
@@ -92,15 +96,19 @@ def grant_values(row: RowLike) -> dict[str, Any]:
     """What a grant's MAC covers, read from its row."""
     values = {name: row[name] for name in GRANT_FIELDS}
     values["allow"] = int(values["allow"]) if values["allow"] is not None else None
-    if "tool_digest" in set(row.keys()):
-        values["tool_digest"] = row["tool_digest"]
+    keys = set(row.keys())
+    for name in _OPTIONAL:
+        if name in keys:
+            values[name] = row[name]
     return values
 
 
 def grant_parts(db_id: str, values: dict[str, Any]) -> tuple[Any, ...]:
-    parts = (db_id, *(values[name] for name in GRANT_FIELDS))
-    digest = values.get("tool_digest")
-    return parts if digest is None else (*parts, "tool", digest)
+    parts: tuple[Any, ...] = (db_id, *(values[name] for name in GRANT_FIELDS))
+    for name in _OPTIONAL:  # signed only when set: older grants verify as they were
+        if values.get(name) is not None:
+            parts = (*parts, name, values[name])
+    return parts
 
 
 class JournaledStore:

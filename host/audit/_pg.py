@@ -449,6 +449,7 @@ class PgStore(JournaledStore):
             "reason": grant.reason,
             "summary": grant.summary,
             "tool_digest": grant.tool_digest,
+            "expires": grant.expires,
             "revoked": None,
         }
 
@@ -456,8 +457,8 @@ class PgStore(JournaledStore):
             with conn.transaction():
                 row = conn.execute(
                     "INSERT INTO grants (created, tool, caller, args_sha256, allow, rule, "
-                    "rule_digest, reason, summary, tool_digest) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                    "rule_digest, reason, summary, tool_digest, expires) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                     tuple(values[n] for n in values if n != "revoked"),
                 ).fetchone()
                 assert row is not None
@@ -476,16 +477,22 @@ class PgStore(JournaledStore):
         def work(conn: _Conn) -> list[dict[str, Any]]:
             return _dicts(
                 conn,
-                "SELECT * FROM grants WHERE revoked IS NULL AND tool = %s AND caller = %s "
+                "SELECT * FROM grants WHERE revoked IS NULL AND (expires IS NULL OR expires > %s) "
+                "AND tool = %s AND caller = %s "
                 "AND (args_sha256 IS NULL OR args_sha256 = %s) ORDER BY id",
-                (tool, caller, args_sha256),
+                (time.time(), tool, caller, args_sha256),
             )
 
         return self._verified(await self._run(work))
 
     async def grants(self) -> list[Grant]:
         def work(conn: _Conn) -> list[dict[str, Any]]:
-            return _dicts(conn, "SELECT * FROM grants WHERE revoked IS NULL ORDER BY id")
+            return _dicts(
+                conn,
+                "SELECT * FROM grants WHERE revoked IS NULL AND (expires IS NULL OR expires > %s) "
+                "ORDER BY id",
+                (time.time(),),
+            )
 
         return self._verified(await self._run(work))
 

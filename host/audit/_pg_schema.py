@@ -62,7 +62,8 @@ CREATE TABLE grants (
     rule_digest text,
     reason text,
     mac text,
-    tool_digest text
+    tool_digest text,
+    expires double precision
 );
 CREATE INDEX grants_tool ON grants (tool, caller) WHERE revoked IS NULL;
 CREATE TABLE pending (

@@ -156,6 +156,8 @@ class Grant:
     """A digest of the tool's declaration (its signature and schemas) when the answer was
     given: a remembered allow answers only calls of the tool as it was then (a changed
     tool asks again). None for grants given before it was recorded."""
+    expires: float | None = None
+    """Unix time after which the grant answers nothing; None: until it is revoked."""
     id: int | None = None
     session: str | None = None
     """Set for a grant that lasts one session (kept in memory, never stored)."""

@@ -116,7 +116,9 @@ CREATE TABLE IF NOT EXISTS hosts (
 PRAGMA user_version = 2;
 """
 
-_ADDED: Final = {"grants": ("rule_digest TEXT", "reason TEXT", "mac TEXT", "tool_digest TEXT")}
+_ADDED: Final = {
+    "grants": ("rule_digest TEXT", "reason TEXT", "mac TEXT", "tool_digest TEXT", "expires REAL")
+}
 """Columns added since the first schema (a database made before gets them)."""
 
 
@@ -418,6 +420,7 @@ class SQLiteStore(JournaledStore):
             "reason": grant.reason,
             "summary": grant.summary,
             "tool_digest": grant.tool_digest,
+            "expires": grant.expires,
             "revoked": None,
         }
 
@@ -442,16 +445,21 @@ class SQLiteStore(JournaledStore):
     async def find_grants(self, tool: str, caller: str, args_sha256: str) -> list[Grant]:
         def work(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             return conn.execute(
-                "SELECT * FROM grants WHERE revoked IS NULL AND tool = ? AND caller = ? "
+                "SELECT * FROM grants WHERE revoked IS NULL AND (expires IS NULL OR expires > ?) "
+                "AND tool = ? AND caller = ? "
                 "AND (args_sha256 IS NULL OR args_sha256 = ?) ORDER BY id",
-                (tool, caller, args_sha256),
+                (time.time(), tool, caller, args_sha256),
             ).fetchall()
 
         return self._verified(await self._run(work))
 
     async def grants(self) -> list[Grant]:
         def work(conn: sqlite3.Connection) -> list[sqlite3.Row]:
-            return conn.execute("SELECT * FROM grants WHERE revoked IS NULL ORDER BY id").fetchall()
+            return conn.execute(
+                "SELECT * FROM grants WHERE revoked IS NULL AND (expires IS NULL OR expires > ?) "
+                "ORDER BY id",
+                (time.time(),),
+            ).fetchall()
 
         return self._verified(await self._run(work))
 

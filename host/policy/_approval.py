@@ -274,6 +274,9 @@ class Escalation:
     tool_digest: str | None = None
     """A digest of the tool's declaration (signature and schemas): a remembered allow
     answers this call only if it was given for the same."""
+    grant_expiry: float | None = None
+    """Seconds an ``always`` answer to it lasts (``[defaults] grant_expiry``); None: until
+    revoked."""
 
 
 class Escalations:
@@ -501,6 +504,9 @@ class Escalations:
                 rule_digest=e.rule_digest,
                 reason=e.reason,
                 tool_digest=e.tool_digest,
+                expires=time.time() + e.grant_expiry
+                if approval.remember == "always" and e.grant_expiry is not None
+                else None,
                 session=e.session if approval.remember == "session" else None,
             )
             if approval.remember == "session":

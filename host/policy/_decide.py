@@ -287,6 +287,11 @@ class Policy:
     def escalation_timeout(self) -> float:
         return self.config.defaults.escalation_timeout
 
+    @property
+    def grant_expiry(self) -> float | None:
+        """Seconds an ``always`` grant lasts; None: until revoked."""
+        return self.config.defaults.grant_expiry
+
     def _candidates(self, tool: str) -> tuple[_Compiled, ...]:
         found = self._by_tool.get(tool)
         if found is None:

@@ -76,6 +76,9 @@ class Defaults(_Model):
     app: Decision = "allow"
     tool: Decision = "deny"
     escalation_timeout: Duration = 120.0
+    grant_expiry: Duration | None = None
+    """How long an ``always`` answer (a grant) lasts, e.g. ``"720h"``; unset: until it is
+    revoked."""
 
 
 _TOOL_GLOB = re.compile(r"^[\w.*?]+$")
