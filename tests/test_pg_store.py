@@ -14,7 +14,7 @@ import anyio.to_thread
 import psycopg
 import pytest
 
-from host.audit import PendingAnswer, StoreUnavailable, check_store, migrate_store
+from host.audit import Grant, PendingAnswer, StoreUnavailable, check_store, migrate_store
 from host.audit._pg import PgStore, migrate_url
 from host.cli import main
 
@@ -81,6 +81,26 @@ def test_the_store_commands(
     with pytest.raises(SystemExit) as code:  # a project on SQLite has no store to check
         main(["store", "check", "--project", str(tmp_path)])
     assert code.value.code != 0 and "use SQLite" in capsys.readouterr().err
+
+
+def test_the_audit_and_grants_commands_read_the_shared_store(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tools").mkdir()
+    monkeypatch.setenv("TOOLHOST_STORE", pg_url)
+
+    async def seed() -> None:
+        store = _store(pg_url, tmp_path / "elsewhere")  # another host, another folder
+        await store.start("hx")
+        await store.record(started("hx.1", host_id="hx", outcome="denied"), durable=True)
+        await store.add_grant(Grant("launch", "app", True, None))
+        await store.aclose()
+
+    anyio.run(seed)
+    for argv, expect in ((["audit"], '"hx.1"'), (["policy", "grants"], '"launch"')):
+        with pytest.raises(SystemExit) as code:
+            main([*argv, "--project", str(tmp_path), "--json"])
+        assert code.value.code == 0 and expect in capsys.readouterr().out
 
 
 async def test_an_answer_on_one_replica_wakes_the_waiter_on_another(
