@@ -1,7 +1,8 @@
 """``toolhost inbox``: the approval inbox alone, over a project's store.
 
 The process makes no calls and starts no capsule: it opens the project's state database
-(``SQLiteStore.attach``), lists what the hosts using it wait for, and answers through it.
+(``attach``: SQLite or PostgreSQL), lists what the hosts using it wait for, and answers
+through it.
 A host whose approver is the inbox (``Host.open(approver="inbox")``, ``toolhost serve
 --transport http``) sees the answer at its next read of the store (every half second by
 default). Secrets are replaced by the same rule as in the host: the values of the
