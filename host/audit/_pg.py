@@ -254,6 +254,7 @@ class PgStore(JournaledStore):
                     anyio.from_thread.run_sync(self._changes.bump, token=token)
 
         def on_state(why: str | None) -> None:
+            why = None if why is None else self._scrub(why)
             if why is not None and self.down is None:
                 logger.warning("the PostgreSQL store %s cannot be reached: %s", self.where, why)
             elif why is None and self.down is not None and self._listener is not None:

@@ -1,9 +1,8 @@
 """The store's interface and the records it speaks, the same for every backend.
 
 :class:`Store` is the small interface the mediator writes through; :class:`SQLiteStore`
-(``_sqlite.py``) implements it on one SQLite file. A PostgreSQL implementation, for hosts
-that share approvals across machines, only has to provide the same methods and speak the
-same records.
+(``_sqlite.py``) implements it on one SQLite file, :class:`PgStore` (``_pg.py``) on a
+PostgreSQL database several hosts share; both speak the same records.
 
 The audit contract (ARCHITECTURE.md, "The path of one call"):
 
@@ -341,7 +340,7 @@ class Store(Protocol):
     # Answers given through the store (the approval inbox, in this or another process).
     # The first answer wins, exactly once; a change made by this process wakes
     # :meth:`pending_changed` at once, a change made by another one is seen by reading
-    # again (SQLite: a poll; a PostgreSQL store can wake waiters with LISTEN/NOTIFY).
+    # again (SQLite: a poll; PostgreSQL: LISTEN/NOTIFY wakes waiters).
 
     async def get_pending(self, pending_id: str) -> PendingApproval | None:
         """One pending approval, with its answer if it has one."""
