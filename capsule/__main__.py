@@ -66,24 +66,34 @@ CONFINE_EXIT = 78
 
 def _settings() -> tuple[dict[str, Any], list[int]]:
     """The host's settings, and the pidfds to watch; both removed from the environment."""
+    return host_settings(), lifelines(os.environ.pop(_LIFELINES, "").split())
+
+
+def host_settings() -> dict[str, Any]:
+    """The host's settings, removed from the environment; exits if they are unreadable."""
     raw = os.environ.pop(_SETTINGS, "")
     try:
-        settings: Any = json.loads(raw) if raw else {}
+        found: Any = json.loads(raw) if raw else {}
     except ValueError:
-        settings = None
-    if not isinstance(settings, dict):
+        found = None
+    if not isinstance(found, dict):
         os.write(2, b"toolhost capsule: unreadable settings; refusing to load tools\n")
         os._exit(CONFINE_EXIT)
-    lifelines: list[int] = []
-    for word in os.environ.pop(_LIFELINES, "").split():
+    return found  # pyright: ignore[reportUnknownVariableType]
+
+
+def lifelines(words: list[str]) -> list[int]:
+    """The pidfds to watch (host, keeper), made private to this process."""
+    found: list[int] = []
+    for word in words:
         with contextlib.suppress(ValueError, OSError):
             fd = int(word)
             os.set_inheritable(fd, False)  # never handed on to what tools run
-            lifelines.append(fd)
-    return settings, lifelines  # pyright: ignore[reportUnknownVariableType]
+            found.append(fd)
+    return found
 
 
-def _undumpable(settings: dict[str, Any]) -> None:
+def undumpable(settings: dict[str, Any]) -> None:
     """No other process of this user may read our memory or ``/proc/PID/environ``
     (Linux; the flag survives ``fork``). ``dumpable`` in the settings keeps it (the
     host's ``TOOLHOST_KEEP_DUMPABLE=1``, for a debugger)."""
@@ -271,7 +281,7 @@ def _reap(worker: int, lifelines: list[int]) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     """Adopt orphaned descendants (Linux), so they can be found and killed with us."""
     if not sys.platform.startswith("linux"):
         return
@@ -286,13 +296,20 @@ def _become_subreaper() -> None:
 
 def main() -> None:
     settings, lifelines = _settings()
-    _undumpable(settings)
+    undumpable(settings)
     if sys.platform != "wasi" and hasattr(os, "fork"):
-        _become_subreaper()
+        become_subreaper()
         worker = os.fork()  # before any thread starts: forking is safe here
         if worker:
             _reap(worker, lifelines)
-        _become_subreaper()  # not inherited across fork
+        become_subreaper()  # not inherited across fork
+    work(settings, lifelines)
+
+
+def work(settings: dict[str, Any], lifelines: list[int]) -> None:
+    """The worker's life: give up privileges, confine, load the tools, serve until the
+    host closes the pipe. Also the entry of a capsule forked from the host's zygote
+    (``capsule/_zygote.py``), which has no reaper of its own: the keeper is its parent."""
     drop_privileges("capsule")
     _confine(settings)  # before any thread: a thread started earlier would stay outside
     proto_in, proto_out, console_read = _take_stdio()

@@ -61,6 +61,11 @@ def wanted() -> bool:
 class ForkUnavailable(Exception):
     """The fork server cannot start this guest; start it as a child of the host instead."""
 
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+        """The server said why it would not (an ``N<reason>`` line), rather than failing."""
+
 
 class _Server:
     """One fork server process and the host's end of its socket."""
@@ -290,6 +295,8 @@ async def read_pid(status: int) -> int:
             raise ForkUnavailable("the fork server did not start the guest")
         buffer += data
     line = buffer.split(b"\n")[0]
+    if line.startswith(b"N"):
+        raise ForkUnavailable(line[1:].decode("utf-8", "replace"), refused=True)
     if not line.startswith(b"P"):
         raise ForkUnavailable("the fork server answered nonsense")
     return int(line[1:])

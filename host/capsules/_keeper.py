@@ -14,6 +14,12 @@ keeper, the host or their own reaper at all (``capsule/_landlock.py``).
 The host is not made the subreaper itself: a process with an event loop that also
 reaps adopted orphans races its own child watcher for exit statuses.
 
+The keeper is also the host's zygote (unless ``TOOLHOST_ZYGOTE=0``): it has imported the
+capsule runtime (``capsule/_zygote.py``), and :func:`spawn_forked` forks a capsule from it
+that only imports the project's tool files, sharing the rest copy-on-write. Such a capsule
+is the worker itself, without a reaper of its own (the keeper is its subreaper), and gets
+its environment on its stdin from the host, never through the keeper.
+
 The keeper runs while any capsule it started is held (:class:`Lease`, released when the
 capsule's process is closed), like the Wasm fork server; a capsule started by it is a
 :class:`~host.capsules._forkserver.ForkedProcess` to the host. Where it cannot run
@@ -34,19 +40,45 @@ from typing import Final
 
 import anyio
 
+import capsule
+
 from . import _wasm
 from ._forkserver import ForkedProcess, ForkUnavailable, read_pid
 from ._process import protect_host
 
-__all__ = ["KeeperUnavailable", "Lease", "spawn", "available", "CHILD"]
+__all__ = [
+    "CHILD",
+    "KeeperUnavailable",
+    "Lease",
+    "ZygoteUnavailable",
+    "available",
+    "spawn",
+    "spawn_forked",
+    "zygote_wanted",
+]
 
 CHILD: Final = Path(__file__).resolve().with_name("_keeper_child.py")
+_CAPSULE_PARENT: Final = str(Path(capsule.__file__).resolve().parent.parent)
+_SWITCH: Final = "TOOLHOST_ZYGOTE"
+_FORK: Final = b"Z"
+"""The first byte of a request for a capsule forked from the zygote
+(``_keeper_child.py``)."""
 _STOP_GRACE: Final = 5.0
 """Seconds a keeper let go of has to finish its work before it is killed."""
 
 
 class KeeperUnavailable(Exception):
     """The keeper cannot start this capsule; start it as a child of the host instead."""
+
+
+class ZygoteUnavailable(Exception):
+    """The keeper cannot fork this capsule from its zygote; start it with ``exec``."""
+
+
+def zygote_wanted() -> bool:
+    """Whether the keeper preloads the capsule runtime to fork capsules from (unless
+    ``TOOLHOST_ZYGOTE=0`` in the host's environment)."""
+    return os.environ.get(_SWITCH, "1") != "0"
 
 
 def available() -> bool:
@@ -60,9 +92,16 @@ class _Keeper:
     def __init__(self) -> None:
         protect_host()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # As the zygote, the keeper imports the capsule runtime as a capsule would (with
+        # site-packages, for msgpack); otherwise it needs only the standard library.
+        command = (
+            [sys.executable, "-I", str(CHILD), str(os.getpid()), _CAPSULE_PARENT]
+            if zygote_wanted()
+            else [sys.executable, "-I", "-S", str(CHILD), str(os.getpid())]
+        )
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(CHILD), str(os.getpid())],
+                command,
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -143,6 +182,48 @@ async def spawn(
     Raises:
         KeeperUnavailable: the keeper could not start it; nothing was started.
     """
+    data = json.dumps({"argv": list(command), "cwd": cwd, "env": dict(env)}).encode()
+    return await _start(data)
+
+
+async def spawn_forked(*, cwd: str, env: Mapping[str, str]) -> tuple[ForkedProcess, int, int]:
+    """A capsule forked from the keeper's zygote (``capsule/_zygote.py``), as
+    :func:`spawn` starts one: the environment is written on its stdin, never sent to the
+    keeper.
+
+    Raises:
+        ZygoteUnavailable: the keeper has no zygote (it says why); nothing was started.
+        KeeperUnavailable: as :func:`spawn`.
+    """
+    process, host_out, host_in = await _start(_FORK + json.dumps({"cwd": cwd}).encode())
+    preamble = json.dumps({"env": dict(env)}).encode()
+    try:
+        await _write_all(host_out, len(preamble).to_bytes(4, "big") + preamble)
+    except BaseException:
+        os.close(host_out)
+        os.close(host_in)
+        with anyio.CancelScope(shield=True):
+            process.kill()
+            await process.aclose()
+        raise
+    return process, host_out, host_in
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the pipe ``fd`` (a capsule that died already reads none
+    of it: its load then says why it ended)."""
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await anyio.wait_writable(fd)
+        except BrokenPipeError:
+            return
+
+
+async def _start(data: bytes) -> tuple[ForkedProcess, int, int]:
     try:
         lease = Lease()
     except OSError as exc:
@@ -153,7 +234,6 @@ async def spawn(
     status_read, status_write = os.pipe()
     os.set_blocking(status_read, False)
     mine = [host_out, host_in, err_read, status_read]
-    data = json.dumps({"argv": list(command), "cwd": cwd, "env": dict(env)}).encode()
     try:
         try:
             await lease.keeper.request(data, [child_in, child_out, err_write, status_write])
@@ -162,7 +242,9 @@ async def spawn(
                 os.close(fd)
         try:
             pid = await read_pid(status_read)
-        except ForkUnavailable:
+        except ForkUnavailable as exc:
+            if data.startswith(_FORK) and exc.refused:
+                raise ZygoteUnavailable(str(exc)) from None
             raise KeeperUnavailable("the keeper did not start the capsule") from None
     except BaseException:
         for fd in mine:

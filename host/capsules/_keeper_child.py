@@ -27,6 +27,16 @@ keeper's death ends it), fds 0-2 as sent, fd 3 a ``pidfd`` of the host and fd 4 
 the keeper (named in ``TOOLHOST_LIFELINES``: the capsule watches both), no other
 descriptor, exactly the environment sent.
 
+Started with a second argument (the folder holding the ``capsule`` package), the keeper
+is also the host's *zygote*: it imports the capsule runtime once (``capsule/_zygote.py``),
+and a request whose first byte is ``Z`` (then ``{"cwd"}`` as JSON, no environment) gets a
+capsule forked from it that does not ``exec``: the same fds, session and parent-death
+signal, and it reads its environment from its stdin. A keeper without a zygote answers
+such a request with ``N<reason>`` on the status pipe, and the host starts the capsule
+with ``exec`` instead. Each request is read into one buffer that is overwritten once the
+capsule is forked (the child parses it), so the environment a started capsule was sent
+stays in that capsule, never in the keeper later capsules are forked from.
+
 When the host dies (its ``pidfd`` becomes readable) or closes the socket, the keeper
 kills every process below it and exits. It is non-dumpable (the environments it is sent
 hold the variables the policy passes to tools) unless ``TOOLHOST_KEEP_DUMPABLE=1``.
@@ -34,6 +44,7 @@ hold the variables the policy passes to tools) unless ``TOOLHOST_KEEP_DUMPABLE=1
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
 import json
@@ -42,6 +53,7 @@ import select
 import signal
 import socket
 import sys
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -51,6 +63,19 @@ _TICK_MS = 1000
 _HOST_FD = 3
 _KEEPER_FD = 4
 _LIFELINES = "TOOLHOST_LIFELINES"
+_REQUEST_MAX = 1 << 20
+_FDS = 4
+_INT = array.array("i")
+_FORK = b"Z"
+"""The first byte of a request for a capsule forked from the zygote (else it is JSON)."""
+
+
+def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return list(fds)
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -117,12 +142,30 @@ class _Keeper:
         self._own_fd = os.pidfd_open(os.getpid())
         self._socket = socket.socket(fileno=0)
         self._capsules: dict[int, int] = {}  # pid -> status pipe
+        self._buffer = bytearray(_REQUEST_MAX)
+        self._zygote: Any = None
+        """``capsule._zygote`` once preloaded (:meth:`preload`)."""
+        self._no_zygote = "the keeper was started without a zygote"
         self._ended: set[int] = set()
         self._wake_r, wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+
+    def preload(self, package_parent: str) -> None:
+        """Become the zygote: import the capsule runtime from ``package_parent`` (and what
+        tools commonly import) once, for every capsule forked from here."""
+        try:
+            sys.path.insert(0, package_parent)
+            import importlib
+
+            zygote = importlib.import_module("capsule._zygote")
+            zygote.preload()
+        except Exception as exc:
+            self._no_zygote = f"the zygote could not import the capsule runtime: {exc}"
+        else:
+            self._zygote = zygote
 
     def serve(self) -> int:
         poll = select.poll()
@@ -149,31 +192,35 @@ class _Keeper:
 
     def _request(self, poll: select.poll) -> bool:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self._socket, 1 << 20, 4)
+            size, ancillary, flags, _addr = self._socket.recvmsg_into(
+                [self._buffer], socket.CMSG_SPACE(_FDS * _INT.itemsize)
+            )
         except OSError:
             return False
-        if not data:
-            for fd in fds:
-                os.close(fd)
+        fds = _received_fds(ancillary)
+        if not size and not fds:
             return False
-        if len(fds) != 4:
+        if len(fds) != _FDS or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             for fd in fds:
                 os.close(fd)
+            self._forget(size)
             return True
         stdin, stdout, stderr, status = fds
         pid = -1
         try:
-            request = json.loads(data.decode())
-            argv = [str(a) for a in request["argv"]]
-            env = {str(k): str(v) for k, v in request["env"].items()}
-            env[_LIFELINES] = f"{_HOST_FD} {_KEEPER_FD}"
+            if self._buffer.startswith(_FORK) and self._zygote is None:
+                with contextlib.suppress(OSError):
+                    os.write(status, f"N{self._no_zygote}\n".encode())
+                os.close(status)
+                return True
             pid = os.fork()
             if pid == 0:
-                self._child(argv, str(request["cwd"]), env, (stdin, stdout, stderr))
+                self._child(size, (stdin, stdout, stderr))
         except Exception as exc:
             with contextlib.suppress(OSError):
                 os.write(stderr, f"toolhost keeper: cannot start the capsule: {exc}\n".encode())
         finally:
+            self._forget(size)
             for fd in (stdin, stdout, stderr):
                 os.close(fd)
         if pid <= 0:
@@ -185,7 +232,13 @@ class _Keeper:
         poll.register(status, 0)  # POLLERR once the host closes its end
         return True
 
-    def _child(self, argv: list[str], cwd: str, env: dict[str, str], std: tuple[int, ...]) -> None:
+    def _forget(self, size: int) -> None:
+        """Overwrite a request: the environment it carried (the variables the policy passes
+        to tools) stays in the capsule it was for, never in the keeper a later capsule is
+        forked from."""
+        self._buffer[:size] = bytes(size)
+
+    def _child(self, size: int, std: tuple[int, ...]) -> None:
         """In the forked child: become the capsule. Never returns."""
         try:
             os.setsid()
@@ -195,15 +248,24 @@ class _Keeper:
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != keeper:  # the keeper died before the line above
                 os._exit(1)
+            forked = self._buffer.startswith(_FORK)
+            request = json.loads(bytes(self._buffer[1 if forked else 0 : size]))
+            self._forget(size)
             # Out of the way first: a received descriptor may sit on 0-4 already.
             moved = [
                 fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
                 for fd in (*std, self._host_fd, self._own_fd)
             ]
+            self._socket.detach()  # fd 0 is the capsule's stdin from here on
             for target, fd in enumerate(moved):
                 os.dup2(fd, target, inheritable=True)
             os.closerange(5, os.sysconf("SC_OPEN_MAX"))
-            os.chdir(cwd)
+            os.chdir(str(request["cwd"]))
+            if forked and self._zygote is not None:
+                self._zygote.serve_forked((_HOST_FD, _KEEPER_FD))  # never returns
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            env[_LIFELINES] = f"{_HOST_FD} {_KEEPER_FD}"
             os.execve(argv[0], argv, env)
         except BaseException as exc:
             with contextlib.suppress(BaseException):
@@ -276,8 +338,11 @@ class _Keeper:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: _keeper_child.py HOST_PID (stdin: a Unix socket)", file=sys.stderr)
+    if len(argv) not in (1, 2) or not argv[0].isdigit():
+        print(
+            "usage: _keeper_child.py HOST_PID [CAPSULE_PARENT] (stdin: a Unix socket)",
+            file=sys.stderr,
+        )
         return 2
     if os.environ.get("TOOLHOST_KEEP_DUMPABLE") != "1":
         _prctl(_PR_SET_DUMPABLE, 0)
@@ -290,7 +355,10 @@ def main(argv: list[str]) -> int:
         return 1
     if os.getppid() != host:
         return 1  # the host died already (and the pid may be another process's now)
-    return _Keeper(host, host_fd).serve()
+    keeper = _Keeper(host, host_fd)
+    if len(argv) == 2:
+        keeper.preload(argv[1])
+    return keeper.serve()
 
 
 if __name__ == "__main__":

@@ -478,8 +478,14 @@ async def start_subprocess(
     python: Path | None = None,
     project: Path | None = None,
     caches: tuple[Path, ...] = (),
+    zygote: bool = True,
 ) -> SubprocessTransport:
     """Start a ``python -m capsule`` child and load the tool files into it.
+
+    Under the host's own interpreter (and with ``zygote``), the child is forked from the
+    keeper's zygote instead, which has imported the capsule runtime already
+    (``capsule/_zygote.py``); where it cannot be (the zygote failed to import it), a
+    ``zygote_unavailable`` event says why and the child is started as above.
 
     ``python`` runs it under another interpreter (``[capsules] python``; checked first
     with :func:`check_interpreter`) with only the ``capsule`` package added to what it
@@ -518,6 +524,11 @@ async def start_subprocess(
     async def spawn() -> tuple[anyio.abc.Process, int, int]:
         if _keeper.available():
             try:
+                if zygote and python is None and _keeper.zygote_wanted():
+                    try:
+                        return await _keeper.spawn_forked(cwd=request.cwd, env=env)
+                    except _keeper.ZygoteUnavailable as exc:
+                        events.emit("zygote_unavailable", request.session, reason=str(exc))
                 return await _keeper.spawn(command, cwd=request.cwd, env=env)
             except _keeper.KeeperUnavailable as exc:
                 logger.warning("starting a capsule without the keeper: %s", exc)
@@ -527,13 +538,20 @@ async def start_subprocess(
 
 
 def subprocess_capsules(
-    python: Path | None, project: Path | None = None, caches: tuple[Path, ...] = ()
+    python: Path | None,
+    project: Path | None = None,
+    caches: tuple[Path, ...] = (),
+    *,
+    zygote: bool = True,
 ) -> TransportFactory:
     """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``),
-    confined to the guard of ``project`` when it is given (``caches``: see there)."""
-    if python is None and project is None:
+    confined to the guard of ``project`` when it is given (``caches``: see there), forked
+    from the zygote unless ``zygote`` is false (``[capsules] zygote``)."""
+    if python is None and project is None and zygote:
         return start_subprocess
-    return functools.partial(start_subprocess, python=python, project=project, caches=caches)
+    return functools.partial(
+        start_subprocess, python=python, project=project, caches=caches, zygote=zygote
+    )
 
 
 _PROBE = (

@@ -328,7 +328,9 @@ def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
     subprocess capsules (under ``[capsules] python``, if set; confined to the project's
     guard), plus a Wasm capsule for the files it names."""
-    native = subprocess_capsules(capsules.interpreter(root), root, _caches())
+    native = subprocess_capsules(
+        capsules.interpreter(root), root, _caches(), zygote=capsules.zygote
+    )
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(
             capsules.wasm,
