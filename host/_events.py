@@ -12,8 +12,9 @@ split across two writes is joined there first; see ``StreamRedactor``).
 Kinds emitted by the core: ``capsule_started``, ``capsule_crashed``, ``capsule_unavailable``,
 ``tool_file_failed``, ``console``, ``console_dropped``, ``tool_call_started``,
 ``tool_call_done``, ``hook_failed``, ``hook_timed_out``, ``landlock_unavailable`` (once at
-start, where subprocess capsules cannot be confined), ``session_released`` (an idle
-session's capsules were stopped: ``[limits] session_idle``); the policy's, among them
+start, where subprocess capsules cannot be confined), ``zygote_unavailable`` (a capsule
+started without the zygote, and why), ``session_released`` (an idle session's capsules
+were stopped: ``[limits] session_idle``); the policy's, among them
 ``policy_decision``, ``policy_denied``, ``policy_warning`` and ``policy_missing``; the tool
 contexts' (``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``).
 README, "Events and traces", lists them with their fields.
