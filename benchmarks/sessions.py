@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -153,68 +154,90 @@ async def _first(host: Host, count: int, code: bool) -> dict[str, float]:
     }
 
 
-async def _many(host: Host, count: int, calls: int) -> dict[str, Any]:
-    latencies: list[float] = []
+async def _many(host: Host, count: int, calls: int, pace: float) -> dict[str, Any]:
+    """``count`` sessions open at once; each makes ``calls`` calls at an agent's pace (a
+    random pause of 0 to ``2 * pace`` seconds before each), then ``calls`` more back to
+    back, all sessions together (the worst case: ``count`` calls in flight)."""
+    paced: list[float] = []
+    burst: list[float] = []
     failures: list[str] = []
-    opened = 0
-    all_open = anyio.Event()
-    all_done = anyio.Event()
+    phases = {"open": anyio.Event(), "paced": anyio.Event(), "done": anyio.Event()}
+    counts = dict.fromkeys(phases, 0)
     release = anyio.Event()
-    done = 0
+    rng = random.Random(16)
+
+    def arrived(phase: str) -> None:
+        counts[phase] += 1
+        if counts[phase] == count:
+            phases[phase].set()
+
+    async def calls_of(session: Any, index: int, into: list[float], wait: bool) -> None:
+        for call in range(calls):
+            if wait:
+                await anyio.sleep(rng.uniform(0, 2 * pace))
+            start = time.perf_counter()
+            try:
+                value = await session.call("add", index, call)
+            except Exception as exc:  # counted, and the others go on
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            into.append((time.perf_counter() - start) * 1000)
+            if value != index + call:
+                failures.append(f"add({index}, {call}) returned {value!r}")
 
     async def one(index: int) -> None:
-        nonlocal opened, done
+        reached: list[str] = []
+
+        async def arrive(phase: str) -> None:
+            reached.append(phase)
+            arrived(phase)
+            await phases[phase].wait()
+
         try:
             async with host.session() as session:
-                opened += 1
-                if opened == count:
-                    all_open.set()
-                await all_open.wait()
-                for call in range(calls):
-                    start = time.perf_counter()
-                    try:
-                        value = await session.call("add", index, call)
-                    except Exception as exc:  # counted, and the others go on
-                        failures.append(f"{type(exc).__name__}: {exc}")
-                        continue
-                    latencies.append((time.perf_counter() - start) * 1000)
-                    if value != index + call:
-                        failures.append(f"add({index}, {call}) returned {value!r}")
-                done += 1
-                if done == count:
-                    all_done.set()
+                await arrive("open")
+                await calls_of(session, index, paced, wait=True)
+                await arrive("paced")
+                await calls_of(session, index, burst, wait=False)
+                reached.append("done")
+                arrived("done")
                 await release.wait()
         except Exception as exc:
             failures.append(f"session {index}: {type(exc).__name__}: {exc}")
-            opened += 1
-            done += 1
-            if opened == count:
-                all_open.set()
-            if done == count:
-                all_done.set()
+            for phase in phases:
+                if phase not in reached:
+                    arrived(phase)
 
     started = time.perf_counter()
     memory: dict[str, float] = {}
-    open_s = calls_s = 0.0
+    open_s = 0.0
     async with anyio.create_task_group() as tg:
         for index in range(count):
             tg.start_soon(one, index)
-        await all_open.wait()
+        await phases["open"].wait()
         open_s = time.perf_counter() - started
-        await all_done.wait()
-        calls_s = time.perf_counter() - started - open_s
+        await phases["done"].wait()
         memory = _memory()
         release.set()
+
+    def summary(values: list[float]) -> dict[str, float | None]:
+        if not values:
+            return {"calls": 0, "median_ms": None, "p99_ms": None, "max_ms": None}
+        return {
+            "calls": len(values),
+            "median_ms": statistics.median(values),
+            "p99_ms": _percentile(values, 0.99),
+            "max_ms": max(values),
+        }
+
     return {
         "sessions": count,
-        "calls": len(latencies),
+        "pace_s": pace,
+        "paced": summary(paced),
+        "burst": summary(burst),
         "failures": len(failures),
         "first_failures": failures[:5],
         "open_all_s": open_s,
-        "calls_s": calls_s,
-        "median_ms": statistics.median(latencies) if latencies else None,
-        "p99_ms": _percentile(latencies, 0.99) if latencies else None,
-        "max_ms": max(latencies) if latencies else None,
         "host_mib": memory["host_mib"],
         "children_mib": memory["children_mib"],
         "total_gib": (memory["host_mib"] + memory["children_mib"]) / 1024,
@@ -253,7 +276,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 results["idle"] = await _idle(host, args.idle, code=False)
                 results["idle_code"] = await _idle(host, args.idle, code=True)
             if args.many:
-                results["many"] = await _many(host, args.many, args.calls)
+                results["many"] = await _many(host, args.many, args.calls, args.pace)
         left = await _gone()
         if args.many:
             results["many"]["left_after_close"] = len(left)
@@ -285,14 +308,22 @@ def _print(results: dict[str, Any]) -> None:
     many = results.get("many")
     if many:
         print(
-            f"{many['sessions']} sessions x {many['calls'] // max(1, many['sessions'])} calls: "
-            f"{many['calls']} ok, {many['failures']} failed; p50 {many['median_ms']:.1f} ms, "
-            f"p99 {many['p99_ms']:.1f} ms, max {many['max_ms']:.1f} ms; opening all "
-            f"{many['open_all_s']:.1f} s, the calls {many['calls_s']:.1f} s; host "
+            f"{many['sessions']} sessions open at once (opening all took "
+            f"{many['open_all_s']:.1f} s): {many['failures']} calls failed; host "
             f"{many['host_mib']:.0f} MiB + children {many['children_mib']:.0f} MiB = "
             f"{many['total_gib']:.2f} GiB PSS in {many['processes']} processes; "
             f"left after close: {many['left_after_close']}"
         )
+        for key, title in (
+            ("paced", f"at an agent's pace (mean {many['pace_s']:g} s between calls)"),
+            ("burst", "back to back, all sessions at once"),
+        ):
+            row = many[key]
+            if row["calls"]:
+                print(
+                    f"  {row['calls']} calls {title}: p50 {row['median_ms']:.1f} ms, "
+                    f"p99 {row['p99_ms']:.1f} ms, max {row['max_ms']:.1f} ms"
+                )
         for failure in many["first_failures"]:
             print(f"  failure: {failure}")
     load = ", ".join(f"{x:.1f}" for x in results["load_end"])
@@ -305,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=100, help="new sessions timed (0: skip)")
     parser.add_argument("--many", type=int, default=1000, help="concurrent sessions (0: skip)")
     parser.add_argument("--calls", type=int, default=10, help="calls per concurrent session")
+    parser.add_argument(
+        "--pace", type=float, default=1.0, help="mean seconds between an agent's calls"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     if not sys.platform.startswith("linux"):
