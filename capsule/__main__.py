@@ -228,11 +228,15 @@ def _wake_keeper(lifelines: list[int]) -> None:
             signal.pidfd_send_signal(lifelines[1], signal.SIGCONT)
 
 
-def _lifeline(parent: int, lifelines: list[int]) -> None:
-    """The worker's watch: when its reaper, the keeper or the host ends, so does it."""
+def _lifeline(parent: int, lifelines: list[int], keeper_is_parent: bool) -> None:
+    """The worker's watch: when its reaper, the keeper or the host ends, so does it.
+
+    A worker whose parent is the keeper (forked from the zygote) sleeps until a pidfd
+    says so: a thousand idle capsules then cost no wake-ups."""
     watch = _watching(lifelines)
+    tick = -1 if keeper_is_parent and len(lifelines) > 1 else int(_TICK * 1000)
     while True:
-        ended = watch.poll(int(_TICK * 1000))
+        ended = watch.poll(tick)
         if ended or os.getppid() != parent:
             if any(fd == lifelines[0] for fd, _ in ended):
                 _wake_keeper(lifelines)
@@ -306,7 +310,7 @@ def main() -> None:
     work(settings, lifelines)
 
 
-def work(settings: dict[str, Any], lifelines: list[int]) -> None:
+def work(settings: dict[str, Any], lifelines: list[int], *, keeper_is_parent: bool = False) -> None:
     """The worker's life: give up privileges, confine, load the tools, serve until the
     host closes the pipe. Also the entry of a capsule forked from the host's zygote
     (``capsule/_zygote.py``), which has no reaper of its own: the keeper is its parent."""
@@ -319,7 +323,10 @@ def work(settings: dict[str, Any], lifelines: list[int]) -> None:
             target=_forward_console, args=(capsule, console_read), daemon=True, name="console"
         ).start()
         threading.Thread(
-            target=_lifeline, args=(os.getppid(), lifelines), daemon=True, name="lifeline"
+            target=_lifeline,
+            args=(os.getppid(), lifelines, keeper_is_parent),
+            daemon=True,
+            name="lifeline",
         ).start()
     if not capsule.load():
         return

@@ -169,7 +169,7 @@ def serve_forked(watched: tuple[int, int]) -> None:
         settings = host_settings()
         undumpable(settings)
         become_subreaper()
-        work(settings, lifelines([str(fd) for fd in watched]))
+        work(settings, lifelines([str(fd) for fd in watched]), keeper_is_parent=True)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc)

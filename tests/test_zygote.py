@@ -9,23 +9,34 @@ cannot serve costs the next session nothing but an event.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from host import Host
 from host.capsules import _keeper  # pyright: ignore[reportPrivateUsage]
+from host.capsules._forkserver import send_request  # pyright: ignore[reportPrivateUsage]
 from host.capsules._guard import containment  # pyright: ignore[reportPrivateUsage]
 from host.trust import key_path
 
 from .conftest import ROOT
-from .fixtures.e2e.helpers import LAB, Recorder, alive, sigkill_host_script, wait_gone
+from .fixtures.e2e.helpers import (
+    LAB,
+    Recorder,
+    alive,
+    sigkill_host_script,
+    wait_gone,
+)
 
 pytestmark = [
     pytest.mark.subprocess,
@@ -195,7 +206,7 @@ async def test_a_killed_zygote_is_replaced_and_the_next_session_works() -> None:
         first = _pid(host.default_session)
         keeper = _parent(first)
         os.kill(keeper, signal.SIGKILL)
-        await wait_gone([keeper, first])  # its capsules die with it (parent-death signal)
+        await wait_gone([keeper, first])  # its capsules see it end (a pidfd) and end too
         async with host.session() as session:
             assert await session.call("bump") == 1
             pid = _pid(session)
@@ -262,3 +273,45 @@ def test_a_sigkilled_host_leaves_no_forked_capsule_behind(backend: str) -> None:
     # capsules, which are subreapers)
     pids = sigkill_host_script(_HOST_SCRIPT, [str(LAB), backend], ROOT, least=1 + 3 + 3)
     assert len(set(pids)) >= 7
+
+
+@pytest.mark.anyio
+async def test_many_capsules_starting_at_once_wait_for_the_keepers_socket_in_turn() -> None:
+    # A thousand sessions opening together fill the keeper's socket: every request must
+    # wait for it to drain, not fail because another one is already waiting.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    r, w = os.pipe()
+    try:
+        sent = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                socket.send_fds(ours, [b"x" * 512], [r])
+                sent += 1
+        lock = anyio.Lock()
+        done: list[int] = []
+
+        async def request(index: int) -> None:
+            await send_request(ours, lock, b"y" * 512, [r])
+            done.append(index)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(3):
+                tg.start_soon(request, index)
+            for _ in range(5):  # each request runs until it waits for the socket
+                await anyio.lowlevel.checkpoint()
+            assert not done
+            received = 0
+            while received < sent + 3:
+                _data, fds, _flags, _addr = await anyio.to_thread.run_sync(
+                    socket.recv_fds, theirs, 1024, 1
+                )
+                for fd in fds:
+                    os.close(fd)
+                received += 1
+        assert sorted(done) == [0, 1, 2]
+    finally:
+        ours.close()
+        theirs.close()
+        os.close(r)
+        os.close(w)

@@ -45,6 +45,7 @@ __all__ = [
     "Lease",
     "Releasable",
     "read_pid",
+    "send_request",
     "spawn",
     "spawn_leased",
     "wanted",
@@ -93,6 +94,7 @@ class _Server:
             theirs.close()
         ours.setblocking(False)
         self.socket = ours
+        self.sending = anyio.Lock()
         self.users = 0
 
     @property
@@ -100,15 +102,10 @@ class _Server:
         return self.process.poll() is None and self.socket.fileno() >= 0
 
     async def request(self, spec: _wasm.GuestSpec, fds: list[int]) -> None:
-        data = spec.to_json().encode()
-        while True:
-            try:
-                socket.send_fds(self.socket, [data], fds)
-                return
-            except BlockingIOError:
-                await anyio.wait_writable(self.socket)
-            except OSError as exc:
-                raise ForkUnavailable(f"the fork server is gone: {exc}") from None
+        try:
+            await send_request(self.socket, self.sending, spec.to_json().encode(), fds)
+        except OSError as exc:
+            raise ForkUnavailable(f"the fork server is gone: {exc}") from None
 
     async def stop(self) -> None:
         self.socket.close()  # the server exits on its own; a kill makes it certain
@@ -280,6 +277,28 @@ class ForkedProcess(anyio.abc.Process):
             lease, self.lease = self.lease, None
             if lease is not None:
                 await lease.release()
+
+
+async def send_request(sock: socket.socket, lock: anyio.Lock, data: bytes, fds: list[int]) -> None:
+    """Send one request with ``fds`` on a server's non-blocking socket. Requests wait
+    their turn on ``lock`` while the socket is full (one task at a time may wait for it
+    to drain: many sessions start at once).
+
+    Raises:
+        OSError: the server is gone.
+    """
+    try:
+        socket.send_fds(sock, [data], fds)
+        return
+    except BlockingIOError:
+        pass
+    async with lock:
+        while True:
+            try:
+                socket.send_fds(sock, [data], fds)
+                return
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
 
 
 async def read_pid(status: int) -> int:

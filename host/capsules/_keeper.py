@@ -43,7 +43,7 @@ import anyio
 import capsule
 
 from . import _wasm
-from ._forkserver import ForkedProcess, ForkUnavailable, read_pid
+from ._forkserver import ForkedProcess, ForkUnavailable, read_pid, send_request
 from ._process import protect_host
 
 __all__ = [
@@ -116,6 +116,7 @@ class _Keeper:
             theirs.close()
         ours.setblocking(False)
         self.socket = ours
+        self.sending = anyio.Lock()
         self.users = 0
 
     @property
@@ -123,14 +124,10 @@ class _Keeper:
         return self.process.poll() is None and self.socket.fileno() >= 0
 
     async def request(self, data: bytes, fds: list[int]) -> None:
-        while True:
-            try:
-                socket.send_fds(self.socket, [data], fds)
-                return
-            except BlockingIOError:
-                await anyio.wait_writable(self.socket)
-            except OSError as exc:
-                raise KeeperUnavailable(f"the keeper is gone: {exc}") from None
+        try:
+            await send_request(self.socket, self.sending, data, fds)
+        except OSError as exc:
+            raise KeeperUnavailable(f"the keeper is gone: {exc}") from None
 
     async def stop(self) -> None:
         """Let go of the keeper: it kills what is left below it (orphans it may be about

@@ -1,10 +1,11 @@
 """The host's keeper: the one process that starts subprocess capsules, and kills what
 they leave behind.
 
-``python -I -S host/capsules/_keeper_child.py HOST_PID``, started by the host
-(``_keeper.py``) in a session of its own, with a Unix socket from the host as its stdin.
-It is run by path and imports only the standard library, and it stays single-threaded,
-so it may fork at any time.
+``python -I -S host/capsules/_keeper_child.py HOST_PID`` (or ``python -I ... HOST_PID
+CAPSULE_PARENT`` as the zygote, below), started by the host (``_keeper.py``) in a
+session of its own, with a Unix socket from the host as its stdin. It is run by path and
+imports only the standard library (and, as the zygote, the ``capsule`` package and what
+it preloads), and it stays single-threaded, so it may fork at any time.
 
 It is a *child subreaper* (Linux): a process whose parent dies is re-parented to its
 nearest subreaper ancestor. Each capsule's reaper and worker are subreapers too, so an
@@ -23,9 +24,10 @@ the status pipe, so its pid stays reserved while the host may still kill it by p
 whose pipe is closed before it ended is killed, with its process group.
 
 A capsule starts in its own session, with ``SIGKILL`` as its parent-death signal (the
-keeper's death ends it), fds 0-2 as sent, fd 3 a ``pidfd`` of the host and fd 4 one of
-the keeper (named in ``TOOLHOST_LIFELINES``: the capsule watches both), no other
-descriptor, exactly the environment sent.
+keeper's death ends it; a forked one, the worker itself, has none: it watches the
+keeper's pidfd and kills what it started first), fds 0-2 as sent, fd 3 a ``pidfd`` of
+the host and fd 4 one of the keeper (named in ``TOOLHOST_LIFELINES``: the capsule
+watches both), no other descriptor, exactly the environment sent.
 
 Started with a second argument (the folder holding the ``capsule`` package), the keeper
 is also the host's *zygote*: it imports the capsule runtime once (``capsule/_zygote.py``),
@@ -164,8 +166,11 @@ class _Keeper:
             zygote.preload()
         except Exception as exc:
             self._no_zygote = f"the zygote could not import the capsule runtime: {exc}"
-        else:
-            self._zygote = zygote
+            return
+        if len(os.listdir("/proc/self/task")) != 1:  # forking would copy a thread's locks
+            self._no_zygote = "importing the capsule runtime started a thread"
+            return
+        self._zygote = zygote
 
     def serve(self) -> int:
         poll = select.poll()
@@ -262,6 +267,11 @@ class _Keeper:
             os.closerange(5, os.sysconf("SC_OPEN_MAX"))
             os.chdir(str(request["cwd"]))
             if forked and self._zygote is not None:
+                # The worker itself: no parent-death signal, which would kill it before it
+                # could kill what it started (re-parented past a dead keeper, that would
+                # escape). Its lifeline sees the keeper's pidfd end instead, and kills
+                # its tree first, as a started capsule's worker does.
+                _prctl(_PR_SET_PDEATHSIG, 0)
                 self._zygote.serve_forked((_HOST_FD, _KEEPER_FD))  # never returns
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in request["env"].items()}
