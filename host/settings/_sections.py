@@ -224,8 +224,9 @@ class CapsulesConfig(_Model):
     zygote: bool = True
     """Fork each subprocess tool capsule from a process that has imported the capsule
     runtime already (the host's keeper), so a new session's capsule shares it and costs a
-    few MiB; ``false`` starts a fresh interpreter for each (about 17 MiB and 60 ms more).
-    Only under the host's own interpreter (not with ``python``)."""
+    few MiB; ``false`` starts a fresh interpreter for each (about 12 MiB of memory and
+    100 ms of CPU more per session). Only under the host's own interpreter (not with
+    ``python``)."""
 
     def interpreter(self, root: Path) -> Path | None:
         """``python`` as a path: relative to the project folder ``root``; links are kept
