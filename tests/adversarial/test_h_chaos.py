@@ -120,12 +120,16 @@ def lineage() -> set[int]:
 
 
 def capsule_processes() -> list[int]:
-    """The capsule workers and reapers of this host now (never the keeper)."""
+    """The capsule workers and reapers of this host now (never the keeper). A capsule
+    forked from the keeper's zygote has the keeper's command line: it is the one whose
+    parent is not this process."""
     found: list[int] = []
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             line = " ".join(proc.cmdline())
-            if "capsule" in line and "keeper" not in line and alive(proc.pid):
+            started = "capsule" in line and "keeper" not in line
+            forked = "_keeper_child.py" in line and proc.ppid() != os.getpid()
+            if (started or forked) and alive(proc.pid):
                 found.append(proc.pid)
     return found
 
