@@ -226,6 +226,7 @@ class Session:
         """``tools.FILE.EXPORT[.MEMBER](...)``, called as the app."""
         self.code = CodeSandbox(
             kind=host.config.capsules.code,
+            runtime=host.config.capsules.code_runtime,
             tools=host.discovery.tools,
             call=lambda name, args, kwargs: self.call_as("agent", name, args, kwargs),
             canonical=lambda name: host.mediator.lookup(name).name,

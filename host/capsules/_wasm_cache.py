@@ -16,7 +16,10 @@ private folder for this process. ``docs/security/trust.md`` says what this assum
 
 Layout under :func:`cache_root`, in ``wasm/``: ``NAME-SETTINGS-SHA256.cwasm`` with its
 record ``NAME-SETTINGS.json``; ``lib-KEY/`` with its record ``lib-KEY.json``. Content
-keys: another runtime, wasmtime, engine setting or library file makes a new entry.
+keys: another runtime, wasmtime, engine setting or library file makes a new entry. A
+runtime whose standard library is a zip (the data runtime) gets a copy of it in its
+library, ``lib-KEY/runtime/NAME.zip``, checked against the pinned digest while it is
+copied and recorded with the rest (the guest sees that folder at the zip's place).
 
 :func:`prepare` checks, builds what is missing in a child process (``_wasm_child.py
 prepare`` runs :func:`build`), records it, and returns the :class:`Prepared` paths the
@@ -34,12 +37,13 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ._wasm import (
+    BOOT_ENV,
     CHILD,
     ENGINE_SETTINGS,
     HOST_ROOT,
@@ -53,7 +57,6 @@ from ._wasm import (
     child_env,
     cwasm_digest,
     default_runtime,
-    guest_argv,
     new_engine,
 )
 
@@ -73,6 +76,37 @@ class Prepared:
     lib: str
     rejected: tuple[str, ...] = field(default=(), compare=False)
     """What was wrong in the cache and was built again for this use (one sentence each)."""
+    source: Runtime | None = field(default=None, compare=False)
+    """The runtime these paths are of (its entry and argv)."""
+
+    def preopens(self) -> list[Preopen]:
+        """What every guest of this runtime sees: its library, and its standard library
+        zip where it has one (both read-only)."""
+        found = [Preopen(self.lib, LIB_GUEST, writable=False)]
+        if self.source is not None and self.source.stdlib is not None:
+            zipped = Path(self.source.stdlib_guest)
+            found.append(Preopen(f"{self.lib}/{_ZIP_FOLDER}", str(zipped.parent)))
+        return found
+
+    def code_spec(self, code: str, env: Mapping[str, str], memory: int | None) -> GuestSpec:
+        """A code sandbox's guest: ``code`` run with the library's copy of the standard
+        library modules a guest imports at start (a command runtime; a reactor's snapshot
+        has them imported already)."""
+        source = self.source or default_runtime()
+        if source.entry == "_start":
+            from ._wasm import boot_argv
+
+            argv, env = boot_argv(code), {**env, **BOOT_ENV}
+        else:
+            argv, env = source.argv(code), dict(env)
+        return GuestSpec(
+            cwasm=self.cwasm,
+            argv=argv,
+            env=env,
+            preopens=self.preopens(),
+            memory=memory,
+            entry=source.entry,
+        )
 
 
 def cache_root() -> Path:
@@ -91,10 +125,10 @@ def _wasmtime_version() -> str:
 
 
 def _settings_key(runtime: Runtime) -> str:
-    text = json.dumps(
-        [runtime.sha256, _wasmtime_version(), dict(ENGINE_SETTINGS), sys.platform],
-        sort_keys=True,
-    )
+    parts: list[Any] = [runtime.sha256, _wasmtime_version(), dict(ENGINE_SETTINGS), sys.platform]
+    if runtime.stdlib is not None:
+        parts.append(runtime.stdlib_sha256)
+    text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -111,6 +145,9 @@ def _lib_sources() -> list[tuple[str, Path]]:
         files.append((f"msgpack/{name}", msgpack_dir / name))
     return files
 
+
+_ZIP_FOLDER: Final = "runtime"
+"""The library's folder holding a copy of the runtime's standard library zip."""
 
 _LIB_LAYOUT = b"lib 3: stdlib copy, verified"
 """Changes when the library's layout does (a new key: the cache is rebuilt)."""
@@ -222,7 +259,21 @@ def _manifest(folder: Path) -> dict[str, str]:
     }
 
 
-def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> dict[str, str]:
+def _copy_checked(source: Path, dest: Path, digest: str) -> None:
+    """Copy ``source`` to ``dest`` if the bytes read have ``digest``; else refuse."""
+    hashed = hashlib.sha256()
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f, open(dest, "xb") as out:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            hashed.update(chunk)
+            out.write(chunk)
+    if hashed.hexdigest() != digest:
+        raise WasmUnavailable(f"{source} does not have its pinned SHA-256; not using it")
+
+
+def _build_lib(
+    cwasm: Path, target: Path, files: Sequence[tuple[str, Path]], runtime: Runtime
+) -> dict[str, str]:
     """Copy the guest library and let the guest itself compile it to ``.pyc``; returns the
     digests of what is in ``target`` then (hashed before it gets its name)."""
     import shutil
@@ -235,11 +286,18 @@ def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> 
             dest = tmp / name
             dest.parent.mkdir(exist_ok=True)
             shutil.copyfile(source, dest)
+        preopens = [Preopen(str(tmp), LIB_GUEST, writable=True)]
+        if runtime.stdlib is not None:
+            zipped = Path(runtime.stdlib_guest)
+            (tmp / _ZIP_FOLDER).mkdir()
+            _copy_checked(runtime.stdlib, tmp / _ZIP_FOLDER / zipped.name, runtime.stdlib_sha256)
+            preopens.append(Preopen(str(tmp / _ZIP_FOLDER), str(zipped.parent)))
         spec = GuestSpec(
             cwasm=str(cwasm),
-            argv=guest_argv(_BUILD_LIB),
+            argv=runtime.argv(_BUILD_LIB),
             env=_guest_env(),
-            preopens=[Preopen(str(tmp), LIB_GUEST, writable=True)],
+            preopens=preopens,
+            entry=runtime.entry,
         )
         done = subprocess.run(
             child_command(),
@@ -262,11 +320,26 @@ def _build_lib(cwasm: Path, target: Path, files: Sequence[tuple[str, Path]]) -> 
     return manifest
 
 
+STEP_PREFIX: Final = "toolhost-wasm: step "
+"""How the ``prepare`` child says on stderr which step it starts (``compile``, ``library``)."""
+
+
+def _step(name: str, steps: bool) -> None:
+    if steps:
+        os.write(2, f"{STEP_PREFIX}{name}\n".encode())
+
+
 def build(
-    base: Path, *, cwasm: str | None, lib: str | None, runtime: Runtime | None = None
+    base: Path,
+    *,
+    cwasm: str | None,
+    lib: str | None,
+    runtime: Runtime | None = None,
+    steps: bool = False,
 ) -> dict[str, Any]:
     """Build what is missing in ``base`` (a checked private folder): the compiled runtime
     (``cwasm`` is None), the library ``lib`` (a folder name) with the module ``cwasm``.
+    ``steps``: say each step on stderr (:data:`STEP_PREFIX`).
 
     Returns what was built and the digests of the bytes written (never read back from
     the disk): ``{"cwasm": NAME, "sha256": .., "size": .., "lib": NAME, "files": {..}}``.
@@ -274,11 +347,14 @@ def build(
     runtime = runtime or default_runtime()
     out: dict[str, Any] = {}
     if cwasm is None:
+        _step("compile", steps)
         name, digest, size = _compile(runtime, base, f"{runtime.name}-{_settings_key(runtime)}")
         out.update(cwasm=name, sha256=digest, size=size)
         cwasm = name
     if lib is not None:
-        out.update(lib=lib, files=_build_lib(base / cwasm, base / lib, _lib_sources()))
+        _step("library", steps)
+        files = _build_lib(base / cwasm, base / lib, _lib_sources(), runtime)
+        out.update(lib=lib, files=files)
     return out
 
 
@@ -546,6 +622,7 @@ def _finish(plan: _Plan, built: Mapping[str, Any]) -> Prepared:
         str(plan.base / plan.cwasm),
         str(plan.base / plan.lib),
         tuple(plan.rejected),
+        runtime,
     )
 
 
@@ -574,11 +651,14 @@ def prepare_blocking(runtime: Runtime | None = None, root: Path | None = None) -
 # -- from the host: at every use -----------------------------------------------------------
 
 
-async def prepare(runtime: Runtime | None = None) -> Prepared:
+async def prepare(
+    runtime: Runtime | None = None, on_step: Callable[[str], None] | None = None
+) -> Prepared:
     """The cache checked for this use, and what is missing or bad built in a child process.
 
     Every call checks (a few milliseconds, off the event loop): each guest started uses
-    the cache as it is now, never as it was when the host started.
+    the cache as it is now, never as it was when the host started. ``on_step`` is told
+    each step the child starts (``compile``, ``library``), for a progress display.
     """
     import anyio
 
@@ -589,20 +669,54 @@ async def prepare(runtime: Runtime | None = None) -> Prepared:
         cwasm, lib = _wanted(plan)
         if cwasm is None or lib is not None:
             command = [sys.executable, "-I", str(CHILD), "prepare", str(plan.base)]
-            command += [cwasm or "-", lib or "-"]
-            done = await anyio.run_process(
-                command,
-                cwd=str(HOST_ROOT),
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
-                check=False,
-            )
-            if done.returncode != 0:
-                raise WasmUnavailable(
-                    "preparing the Wasm runtime failed: "
-                    + done.stderr.decode("utf-8", "replace")[-2000:]
-                )
-            built = json.loads(done.stdout)
+            command += [cwasm or "-", lib or "-", runtime.name]
+            built = await _run_prepare(command, on_step)
     except BaseException:
         os.close(plan.lock)
         raise
     return await anyio.to_thread.run_sync(_finish, plan, built)
+
+
+async def _run_prepare(command: list[str], on_step: Callable[[str], None] | None) -> Any:
+    """Run the ``prepare`` child; its JSON answer. Its stderr is read as it comes (the
+    steps it says), its stdout at the end; the last 2,000 characters of stderr make the
+    error when it fails."""
+    import subprocess
+
+    import anyio
+    from anyio.abc import ByteReceiveStream
+
+    err: list[str] = []
+    out = bytearray()
+
+    async def read_err(stream: ByteReceiveStream) -> None:
+        pending = b""
+        async for chunk in stream:
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if line.startswith(STEP_PREFIX):
+                    if on_step is not None:
+                        on_step(line.removeprefix(STEP_PREFIX))
+                else:
+                    err.append(line + "\n")
+        err.append(pending.decode("utf-8", "replace"))
+
+    async def read_out(stream: ByteReceiveStream) -> None:
+        async for chunk in stream:
+            out.extend(chunk)
+
+    async with await anyio.open_process(
+        command,
+        stdin=subprocess.DEVNULL,
+        cwd=str(HOST_ROOT),
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_err, process.stderr)
+            tg.start_soon(read_out, process.stdout)
+        code = await process.wait()
+    if code != 0:
+        raise WasmUnavailable("preparing the Wasm runtime failed: " + "".join(err)[-2000:])
+    return json.loads(bytes(out))

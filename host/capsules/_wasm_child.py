@@ -28,10 +28,12 @@ descriptor but its three pipes and the compiled module that wasmtime has mapped,
 with the server (``PR_SET_PDEATHSIG``, and the lifeline), and the server dies with the
 host (it polls its parent, and exits when the host closes the socket).
 
-``prepare FOLDER CWASM|- LIB|-`` builds what the host found missing in the private cache
-folder it checked (the compiled runtime when CWASM is ``-``, the guest library LIB) and
+``prepare FOLDER CWASM|- LIB|- [RUNTIME]`` builds what the host found missing in the
+private cache folder it checked (the compiled runtime when CWASM is ``-``, the guest
+library LIB; of the runtime whose build is named RUNTIME, by default the default one) and
 prints what it built and the digests of the bytes it wrote, as JSON; the host records
-them (``_wasm_cache.py``).
+them (``_wasm_cache.py``). It says on stderr which step it starts (``toolhost-wasm:
+step compile``, ``... step library``).
 """
 
 from __future__ import annotations
@@ -175,9 +177,12 @@ def main(argv: list[str]) -> int:
         _undumpable()  # first: before anything is read from the environment
     wasm = _load("_wasm")
     spec = os.environ.pop(wasm.SPEC_VAR, None)  # never left for the guest's own start
-    if argv[:1] == ["prepare"] and len(argv) == 4:
+    if argv[:1] == ["prepare"] and len(argv) in (4, 5):
         cwasm, lib = (None if name == "-" else name for name in argv[2:4])
-        built = _load("_wasm_cache").build(Path(argv[1]), cwasm=cwasm, lib=lib)
+        runtime = wasm.runtime_by_build(argv[4]) if len(argv) == 5 else None
+        built = _load("_wasm_cache").build(
+            Path(argv[1]), cwasm=cwasm, lib=lib, runtime=runtime, steps=True
+        )
         print(json.dumps(built))
         return 0
     if argv[:1] == ["zygote"] and len(argv) == 4:
@@ -186,7 +191,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["run"] or len(argv) not in (2, 3) or spec is None:
         print(
             "usage: TOOLHOST_GUEST_SPEC=SPEC _wasm_child.py run PARENT_PID [WASMTIME_ROOT]"
-            " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare FOLDER CWASM|- LIB|-",
+            " | zygote PARENT_PID WASMTIME_ROOT CWASM | prepare FOLDER CWASM|- LIB|- [RUNTIME]",
             file=sys.stderr,
         )
         return 2

