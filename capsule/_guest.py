@@ -1142,7 +1142,12 @@ class Sandbox:
 
             task, first, pending = held
             pending[0] = step
-            asyncio.tasks._leave_task(loop, task)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+            # From 3.14, leaving a task is checked against the running loop: set it for that.
+            asyncio.events._set_running_loop(loop)  # pyright: ignore[reportPrivateUsage]
+            try:
+                asyncio.tasks._leave_task(loop, task)  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+            finally:
+                asyncio.events._set_running_loop(None)  # pyright: ignore[reportPrivateUsage]
             stock: Any = loop
             stock._ready.appendleft(first)  # its first step, first: it takes the run over
             return loop.run_until_complete(task)

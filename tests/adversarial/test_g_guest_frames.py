@@ -21,12 +21,12 @@ import pytest
 
 from host import CodeResult, Host
 from tests.fixtures.e2e.helpers import wait_gone, wait_until
-from tests.test_wasm import wasm_prepared
+from tests.test_wasm import wasm_data_prepared, wasm_prepared
 
 from ._code import KINDS, guest_pid, ok, project
 
 pytestmark = pytest.mark.anyio
-__all__ = ["wasm_prepared"]
+__all__ = ["wasm_data_prepared", "wasm_prepared"]
 
 MakeProject = Callable[..., Path]
 
