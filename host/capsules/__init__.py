@@ -21,6 +21,11 @@ from ._code_results import CodeResult as CodeResult
 from ._guard import Containment as Containment
 from ._guard import containment as containment
 from ._process import minimal_env as minimal_env
+from ._runtimes import RUNTIMES as RUNTIMES
+from ._runtimes import Prepared as Prepared
+from ._runtimes import WasmUnavailable as WasmUnavailable
+from ._runtimes import prepare_runtime as prepare_runtime
+from ._runtimes import wasm_cache as wasm_cache
 from ._sandbox import CodeSandbox as CodeSandbox
 from ._subprocess import check_interpreter as check_interpreter
 from ._supervisor import Supervisor as Supervisor
@@ -35,6 +40,11 @@ from ._wasm_capsule import tool_capsules as tool_capsules
 
 __all__ = [
     "minimal_env",
+    "RUNTIMES",
+    "WasmUnavailable",
+    "Prepared",
+    "wasm_cache",
+    "prepare_runtime",
     "CodeCall",
     "CodeError",
     "CodeResult",
