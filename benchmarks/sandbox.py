@@ -18,6 +18,12 @@
   rounds' differences). Calls from code the guest steps by hand (plain ``await``) and
   from code on asyncio's loop (after a ``gather`` or ``sleep``) are timed apart.
 
+``--runtime default|data|both`` chooses the code runtime the targets run on
+(``[capsules] code_runtime``); ``both`` runs them on each and prints them side by side,
+with a plain Python loop timed inside ``run_code`` (no tool call) to compare the
+interpreters once warm. The data runtime must be prepared first
+(``toolhost prepare --runtime data``).
+
 ``--stdio`` only times echo round trips through a guest's stdio, side by side: a plain
 Python child, the runtime with wasmtime's inherited stdio (as toolhost runs it) and with
 the same pipes opened as files, the parent waiting in ``read`` or on an event loop.
@@ -413,7 +419,15 @@ async def add(a: int, b: int) -> int:
 '''
 
 
-async def measure_targets(repeat: int) -> dict[str, Any]:
+PLAIN_LOOP = (
+    "import time\nt = time.perf_counter()\n"
+    "total = 0\nfor i in range(200_000):\n    total += i * i\n"
+    "time.perf_counter() - t"
+)
+"""Plain Python inside ``run_code``, no tool call: the interpreter's own speed, warm."""
+
+
+async def measure_targets(repeat: int, runtime: str = "default") -> dict[str, Any]:
     """The issue's targets. The audit store survives a host crash but is not synced to
     disk per call (``durability="process"``, the default): a shared disk's fsync jitter is
     milliseconds, far above what is being compared, and the same for a call from the app
@@ -438,7 +452,10 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
         root = Path(tmp)
         (root / "tools").mkdir()
         (root / "tools" / "bench.py").write_text(TARGET_TOOLS)
-        (root / "policy.toml").write_text('version = 1\n[defaults]\nagent = "allow"\n')
+        policy = 'version = 1\n[defaults]\nagent = "allow"\n'
+        if runtime != "default":
+            policy += f'[capsules]\ncode_runtime = "{runtime}"\n'
+        (root / "policy.toml").write_text(policy)
         store = SQLiteStore(root / ".agent" / "state.db", durability="process")
         limits = {"code_max_calls": batch + 1}
         async with Host.open(root, limits=limits, store=store) as host:
@@ -477,6 +494,11 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
                     result = await host.run_code("await add(1, 2)")
                     warm.append(time.perf_counter() - t)
                     assert result.ok and result.value == 3, result
+            plain: list[float] = []
+            for _ in range(7):
+                result = await host.run_code(PLAIN_LOOP)
+                assert result.ok, result.error
+                plain.append(float(result.value))
             fresh: list[float] = []
             spawned: list[float] = []
             sessions: list[float] = []
@@ -509,6 +531,8 @@ async def measure_targets(repeat: int) -> dict[str, Any]:
     inside_us = statistics.median(inside) * 1e6
     looped_us = statistics.median(looped) * 1e6
     return {
+        "runtime": runtime,
+        "plain_loop_200k_ms": statistics.median(plain) * 1000,
         "warm_run_code_one_call_ms": statistics.median(warm) * 1000,
         "new_sandbox_ready_ms": statistics.median(fresh) * 1000,
         "new_sandbox_ready_no_forkserver_ms": statistics.median(spawned) * 1000,
@@ -530,6 +554,19 @@ TARGETS = {
     "new_sandbox_ready_ms": ("new sandbox ready (cache warm)", 250.0, "ms"),
     "sandbox_call_over_app_us": ("sandbox call above app call", 150.0, "us"),
 }
+
+
+SIDE_BY_SIDE = [
+    ("plain_loop_200k_ms", "plain loop, 200k iterations", "ms"),
+    ("warm_run_code_one_call_ms", "warm run_code, one tool call", "ms"),
+    ("sandbox_call_us", "call from the sandbox", "us"),
+    ("sandbox_call_over_app_us", "sandbox call above app call", "us"),
+    ("sandbox_loop_call_us", "call on asyncio's loop", "us"),
+    ("app_call_us", "the same call from the app", "us"),
+    ("new_sandbox_ready_ms", "new sandbox ready", "ms"),
+    ("new_session_first_run_ms", "a new session's first run", "ms"),
+    ("host_first_run_ms", "the host's first run_code", "ms"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -554,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-targets", action="store_true")
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--runtime",
+        choices=["default", "data", "both"],
+        default="default",
+        help="the code runtime the targets run on; both: side by side",
+    )
     parser.add_argument(
         "--stdio", action="store_true", help="only echo round trips through the guest's stdio"
     )
@@ -580,10 +623,20 @@ def main(argv: list[str] | None = None) -> int:
     if not opts.no_targets:
         import anyio
 
-        out["targets"] = anyio.run(measure_targets, opts.repeat)
+        if opts.runtime == "both":
+            out["targets_by_runtime"] = [
+                anyio.run(measure_targets, opts.repeat, name) for name in ("default", "data")
+            ]
+        else:
+            out["targets"] = anyio.run(measure_targets, opts.repeat, opts.runtime)
     if opts.json:
         print(json.dumps(out, indent=2))
         return 0
+    side = out.get("targets_by_runtime")
+    if side:
+        print(f"{'':36}" + "".join(f"{t['runtime']:>12}" for t in side))
+        for key, label, unit in SIDE_BY_SIDE:
+            print(f"{label:30} ({unit:2})" + "".join(f"{t[key]:12.2f}" for t in side))
     for row in out.get("runtimes", []):
         cold = row["cold_compile_s"]
         print(
