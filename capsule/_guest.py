@@ -212,7 +212,8 @@ class ToolCall(_CoroutineBase):
             frame = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
         except ValueError:
             frame = None
-        while frame is not None and not frame.f_code.co_filename.startswith("<run "):
+        files = _SANDBOX.agent_files
+        while frame is not None and frame.f_code.co_filename not in files:
             frame = frame.f_back
         self.line = None if frame is None else frame.f_lineno
         calls = _SANDBOX.calls  # the run's calls: the never-awaited ones are reported
@@ -426,9 +427,8 @@ def _traceback(exc: BaseException) -> str:
         import traceback  # costly at start-up under WASI: warmed up when idle, or now
 
         _SANDBOX.share_sources()
-        frames = [
-            f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<run ")
-        ]
+        files = _SANDBOX.agent_files
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in files]
         lines = traceback.format_list(frames)
         lines += traceback.format_exception_only(type(exc), exc)
         text = "Traceback (most recent call last):\n" + "".join(lines)
@@ -650,6 +650,32 @@ class _WhenAsyncio:
         return None
 
 
+class _Siblings:
+    """On ``sys.meta_path``: the modules a run gave (``modules=``), importable by name.
+    Their source lives in this process only; the host checked their names (no dots, no
+    standard-library or tools names), so nothing else is shadowed."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if path is not None or name not in self._sandbox.modules:
+            return None
+        import importlib.util
+
+        loader: Any = self
+        return importlib.util.spec_from_loader(name, loader, origin=self._sandbox.modules[name][0])
+
+    def create_module(self, spec: Any) -> Any:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        filename, source = self._sandbox.modules[module.__name__]
+        module.__file__ = filename
+        code = compile(source, filename, "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # the agent's own module, in this sandbox only
+
+
 class Sandbox:
     """The guest's state: the agent's namespace, the calls waiting on the host, the loop.
 
@@ -684,6 +710,12 @@ class Sandbox:
         self.max_output = 1024 * 1024
         self.max_argument = 4 * 1024 * 1024
         self.namespace: dict[str, Any] = {}
+        self.agent_files: set[str] = set()
+        """The file names of the agent's code (its runs, its modules): what tracebacks
+        show, and where the line of a call never awaited is looked for."""
+        self.modules: dict[str, tuple[str, str]] = {}
+        """Module name -> (file name, source) of the modules runs gave (``modules=``)."""
+        self._siblings: _Siblings | None = None
 
     # -- frames ----------------------------------------------------------------------
 
@@ -732,7 +764,7 @@ class Sandbox:
                 msg = self._frames.next()
                 kind = msg.get("k")
                 if kind == K_RUN:
-                    self._execute(int(msg["id"]), str(msg["source"]))
+                    self._execute(int(msg["id"]), str(msg["source"]), msg)
                 elif kind not in (K_OK, K_ERR):  # a late answer to a dropped call is fine
                     raise _HostBroke(f"unknown frame kind {kind!r}")
         except _HostGone:
@@ -972,10 +1004,35 @@ class Sandbox:
         if linecache is not None:
             linecache.cache.update(self._sources)
 
-    def _execute(self, run_id: int, source: str) -> None:
+    def _add_modules(self, modules: dict[str, Any]) -> None:
+        """Make the run's modules importable; one given again with new source is
+        imported afresh on its next import."""
+        if self._siblings is None:
+            self._siblings = _Siblings(self)
+            sys.meta_path.insert(0, self._siblings)
+        for file, source in modules.items():
+            name = str(file)[:-3]
+            entry = (str(file), str(source))
+            if self.modules.get(name) != entry:
+                sys.modules.pop(name, None)
+            self.modules[name] = entry
+            self.agent_files.add(entry[0])
+            self._sources[entry[0]] = (len(entry[1]), None, entry[1].splitlines(True), entry[0])
+
+    def _execute(self, run_id: int, source: str, msg: dict[str, Any]) -> None:
         self._runs += 1
-        filename = f"<run {self._runs}>"
+        filename = msg.get("filename")
+        if type(filename) is not str or not filename:
+            filename = f"<run {self._runs}>"
+        self.agent_files.add(filename)
         self._sources[filename] = (len(source), None, source.splitlines(True), filename)
+        modules = msg.get("modules")
+        if type(modules) is dict and modules:
+            self._add_modules(modules)  # pyright: ignore[reportUnknownArgumentType]
+        bound = msg.get("globals")
+        if type(bound) is dict:
+            self.namespace.update(bound)  # pyright: ignore[reportUnknownArgumentType]
+        execute = msg.get("execute")
         self.share_sources()
         capture = _Capture(self.max_output)
         saved = sys.stdout, sys.stderr
@@ -984,7 +1041,7 @@ class Sandbox:
         self.calls = []
         ok, value, error = True, None, None
         try:
-            value = self._drive(self._evaluate(source, filename))
+            value = self._drive(self._evaluate(source, filename, _as_dict(execute)))
         except (_HostGone, _HostBroke):
             raise
         except _OutputLimit:
@@ -1057,7 +1114,7 @@ class Sandbox:
             return code, None
         return code, compile(last, filename, "eval", flags=flags, dont_inherit=True)
 
-    async def _evaluate(self, source: str, filename: str) -> Any:
+    async def _evaluate(self, source: str, filename: str, execute: dict[str, Any]) -> Any:
         code, last = self._compile(source, filename)
         names: set[str] = set()
         for part in (code, last):
@@ -1072,10 +1129,26 @@ class Sandbox:
             result = eval(code, self.namespace)  # the agent's code, in this sandbox only
             if code.co_flags & _CO_COROUTINE:
                 await result
-        if last is None:
-            return None
-        value = eval(last, self.namespace)
-        if last.co_flags & _CO_COROUTINE:
+        value = None
+        if last is not None:
+            value = eval(last, self.namespace)
+            if last.co_flags & _CO_COROUTINE:
+                value = await value
+        if execute:
+            value = await self._call_entry(execute)
+        return value
+
+    async def _call_entry(self, execute: dict[str, Any]) -> Any:
+        """``execute=``: the named function of the code, called once it has loaded, with
+        the run's arguments; awaited when it returns an awaitable (an ``async def``)."""
+        name = str(execute.get("fn"))
+        fn = self.namespace.get(name)
+        if fn is None:
+            raise NameError(f"execute: the code defines no function named {name!r}")
+        if not callable(fn):
+            raise TypeError(f"execute: {name!r} is a {type(fn).__name__}, not a function")
+        value: Any = fn(*list(execute.get("args") or ()), **_as_dict(execute.get("kwargs")))
+        if hasattr(type(value), "__await__"):  # pyright: ignore[reportUnknownArgumentType]
             value = await value
         return value
 

@@ -38,15 +38,20 @@ from ._stats import CapsuleCounts, HostStats, process_memory
 from ._tracing import Tracing
 from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
+    LOST,
+    CodeError,
     CodeResult,
     CodeSandbox,
+    RunOptions,
     Supervisor,
     TransportFactory,
     check_interpreter,
     containment,
     minimal_env,
+    read_options,
     tool_capsules,
 )
+from .check import CodeChecker, bound_names, refusal
 from .declare import (
     Discovery,
     Project,
@@ -243,6 +248,8 @@ class Session:
         kept only while it is on, and from when it was turned on)."""
         self.released = False
         """Whether its capsules were stopped because it sat idle, and no call came since."""
+        self._known: set[str] = set()
+        """Names earlier runs bound (the check does not call them unknown)."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.supervisor!r}>"
@@ -275,23 +282,61 @@ class Session:
         finally:
             self._leave()
 
-    async def run_code(self, source: str) -> CodeResult:
+    async def run_code(
+        self,
+        source: str,
+        *,
+        modules: Mapping[str, str] | None = None,
+        globals: Mapping[str, Any] | None = None,
+        execute: Mapping[str, Any] | None = None,
+        memory_limit: int | str | None = None,
+        filename: str | None = None,
+        check: Literal["warn", "refuse", "off"] | None = None,
+    ) -> CodeResult:
         """Run agent code in this session's sandbox; its tool calls are made as ``agent``.
 
         Variables and imports persist between runs; failures are in the result. The
         result goes back to the agent: the values of ``[env] secret`` variables are
         replaced in its error always, and in its value and output as ``[env]
         redact_results`` says.
+
+        Options (README, "Code mode"): ``modules`` (``{"helpers.py": source}``,
+        importable by the code, in the sandbox only), ``globals`` (plain data bound as
+        globals), ``execute`` (``{"fn", "args", "kwargs"}``: the code's function to call
+        once it has loaded; its value is the run's), ``memory_limit`` (bytes or
+        ``"64MiB"``, at most ``[limits] code_memory``), ``filename`` (what tracebacks
+        show) and ``check`` (``warn``, ``refuse`` or ``off``: overrides ``[limits]
+        code_check`` for this run). A bad option fails the run (``invalid_arguments``)
+        before anything runs.
         """
+        limits = self._host.config.limits
+        options = read_options(
+            modules=modules,
+            globals=globals,
+            execute=execute,
+            memory_limit=memory_limit,
+            filename=filename,
+            limits=limits,
+            tool_names=self._host.tool_globals,
+        )
+        mode: Any = limits.code_check if check is None else check
+        if mode not in ("warn", "refuse", "off"):
+            options = CodeError(
+                kind="invalid_arguments",
+                type="InvalidArguments",
+                message=f"check must be 'warn', 'refuse' or 'off', not {mode!r}",
+            )
+        if isinstance(options, CodeError):
+            return CodeResult(ok=False, error=options, sandbox=self.code.kind)
         tracing = self._host.mediator.tracing
         self._busy += 1
         self.released = False
         try:
             if tracing is None:
-                result = await self.code.run(source)
+                result = await self._checked_run(source, options, mode)
             else:
                 with tracing.run_code(self.id):
-                    result = await self.code.run(source)
+                    result = await self._checked_run(source, options, mode)
         finally:
             self._leave()
         mediator = self._host.mediator
@@ -299,10 +344,41 @@ class Session:
             return result
         return _redacted(result, mediator.redactor, mediator.redacts_results("agent"))
 
+    async def _checked_run(
+        self, source: str, options: RunOptions, mode: Literal["warn", "refuse", "off"]
+    ) -> CodeResult:
+        """The check (unless ``off``), then the run (unless refused)."""
+        if not isinstance(source, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError("run_code takes the source code as a str")
+        checked = None
+        if mode != "off":
+            known = set(self._known)
+            known.update(options.globals or ())
+            modules = {name[:-3] for name in options.modules or ()}
+            self.code.warm()  # a sandbox boots while the code is checked
+            checked = await self._host.checker.check(
+                source, mode=mode, known=known, modules=modules
+            )
+            if mode == "refuse" and checked.status != "clean":
+                return CodeResult(
+                    ok=False, error=refusal(checked), check=checked, sandbox=self.code.kind
+                )
+        result = await self.code.run(source, options)
+        if any(w.startswith(LOST) for w in result.warnings) or (
+            result.error is not None and LOST in result.error.message
+        ):
+            self._known.clear()  # the sandbox was replaced: its variables are gone
+        self._known.update(bound_names(source))  # a failed run may have bound some
+        self._known.update(options.globals or ())
+        if checked is not None:
+            result = result.model_copy(update={"check": checked})
+        return result
+
     async def reset_code(self) -> None:
         """Start the code sandbox afresh: the next run has no variables or imports."""
         self._busy += 1
         try:
+            self._known.clear()
             await self.code.reset()
         finally:
             self._leave()
@@ -388,6 +464,18 @@ class Host:
         self._idle_due: float | None = None
         """When the idle watch wakes next (``None``: only when woken)."""
         self._watch_policy = watch_policy
+        self.checker = CodeChecker(
+            scope, task_group=task_group, timeout=config.limits.code_check_timeout
+        )
+        """Checks agent code against the declarations before it runs (one pyright
+        language server, started on the first check)."""
+
+    @property
+    def tool_globals(self) -> frozenset[str]:
+        """The names agent code sees as tools: ``tools`` and each installed export."""
+        names = {"tools"}
+        names.update(spec.export for spec in self.discovery.tools.values() if spec.installed)
+        return frozenset(names)
 
     def __repr__(self) -> str:
         tools, sessions = len(self.discovery.tools), len(self._sessions)
@@ -784,6 +872,7 @@ class Host:
             await session.supervisor.aclose()
             if session.log is not None:
                 session.log.close()
+        await self.checker.aclose()
         self.events.close()
         self.policy.close()
 
@@ -809,6 +898,7 @@ class Host:
         self.discovery = discovery
         self.scope = scope
         self.mediator.retool(discovery, scope)
+        self.checker.retool(scope)
         files = [f.module for f in discovery.files if not f.private]
         sessions = list(self._sessions)
         for session in sessions:
@@ -851,9 +941,27 @@ class Host:
         """Call a tool by name in the default session, as the app."""
         return await self.default_session.call_as("app", name, args, kwargs)
 
-    async def run_code(self, source: str) -> CodeResult:
+    async def run_code(
+        self,
+        source: str,
+        *,
+        modules: Mapping[str, str] | None = None,
+        globals: Mapping[str, Any] | None = None,
+        execute: Mapping[str, Any] | None = None,
+        memory_limit: int | str | None = None,
+        filename: str | None = None,
+        check: Literal["warn", "refuse", "off"] | None = None,
+    ) -> CodeResult:
         """Run agent code in the default session's sandbox (see ``Session.run_code``)."""
-        return await self.default_session.run_code(source)
+        return await self.default_session.run_code(
+            source,
+            modules=modules,
+            globals=globals,
+            execute=execute,
+            memory_limit=memory_limit,
+            filename=filename,
+            check=check,
+        )
 
     async def reset_code(self) -> None:
         """Start the default session's code sandbox afresh."""

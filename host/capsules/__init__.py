@@ -15,12 +15,17 @@ capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path i
 process and imports nothing of the host. What other wings may use is listed below.
 """
 
+from ._code_results import LOST as LOST
 from ._code_results import CodeCall as CodeCall
+from ._code_results import CodeCheck as CodeCheck
+from ._code_results import CodeDiagnostic as CodeDiagnostic
 from ._code_results import CodeError as CodeError
 from ._code_results import CodeResult as CodeResult
 from ._guard import Containment as Containment
 from ._guard import containment as containment
 from ._process import minimal_env as minimal_env
+from ._run_options import RunOptions as RunOptions
+from ._run_options import read_options as read_options
 from ._runtimes import RUNTIMES as RUNTIMES
 from ._runtimes import Prepared as Prepared
 from ._runtimes import WasmUnavailable as WasmUnavailable
@@ -39,6 +44,7 @@ from ._wasm_capsule import capsule_of as capsule_of
 from ._wasm_capsule import tool_capsules as tool_capsules
 
 __all__ = [
+    "LOST",
     "minimal_env",
     "RUNTIMES",
     "WasmUnavailable",
@@ -46,6 +52,10 @@ __all__ = [
     "wasm_cache",
     "prepare_runtime",
     "CodeCall",
+    "CodeCheck",
+    "CodeDiagnostic",
+    "RunOptions",
+    "read_options",
     "CodeError",
     "CodeResult",
     "Containment",

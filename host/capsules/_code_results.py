@@ -18,6 +18,8 @@ from host.errors import HostError, InvalidArguments, NotApproved, PolicyDenied, 
 
 __all__ = [
     "CodeCall",
+    "CodeCheck",
+    "CodeDiagnostic",
     "CodeError",
     "CodeResult",
     "SandboxKind",
@@ -71,6 +73,37 @@ class CodeError(_Model):
     """For ``limit_exceeded``: which limit (``code_timeout``, ``code_memory``, ...)."""
 
 
+class CodeDiagnostic(_Model):
+    """One thing the checker found in the agent's code before it ran."""
+
+    line: int
+    """1-based, in the run's source."""
+    column: int
+    """1-based."""
+    kind: Literal["not_awaited", "unknown_name", "unknown_attribute", "call", "type", "syntax"]
+    """``not_awaited``: a tool call that is never awaited; ``unknown_name`` and
+    ``unknown_attribute``: no such tool (or variable, or attribute); ``call``: wrong
+    argument count or names; ``type``: a value of the wrong type (an argument, or a
+    result used as something it is not); ``syntax``: the code does not parse."""
+    message: str
+    rule: str | None = None
+    """pyright's rule (``reportCallIssue``, ...), when it gives one."""
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}: {self.message}"
+
+
+class CodeCheck(_Model):
+    """What checking the code before it ran found (``CodeResult.check``)."""
+
+    mode: Literal["warn", "refuse"]
+    status: Literal["clean", "errors", "unavailable"]
+    """``unavailable``: the checker failed or took too long (``note`` says which); the
+    code ran unchecked under ``warn`` and did not run under ``refuse``."""
+    diagnostics: list[CodeDiagnostic] = Field(default_factory=list[CodeDiagnostic])
+    note: str | None = None
+
+
 class CodeResult(_Model):
     """What one ``run_code`` did."""
 
@@ -88,6 +121,9 @@ class CodeResult(_Model):
     """The files the run's tool calls returned, in the order they came (each kept in the
     session's file area: ``path``). Agent code saw only a tool's value, or for a file
     alone its metadata (``Attachment.info()``)."""
+
+    check: CodeCheck | None = None
+    """What the check before the run found; None when the check is ``off``."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 

@@ -50,7 +50,11 @@ class Guest:
     :meth:`next` waits and reads itself.
     """
 
-    def __init__(self, process: anyio.abc.Process, write_fd: int, read_fd: int) -> None:
+    def __init__(
+        self, process: anyio.abc.Process, write_fd: int, read_fd: int, memory: int = 0
+    ) -> None:
+        self.memory = memory
+        """The memory cap the guest was started with (bytes)."""
         os.set_blocking(write_fd, False)
         os.set_blocking(read_fd, False)
         self.process = process

@@ -69,6 +69,7 @@ from ._code_results import (
 from ._cpu import CpuMeter, rearm_cpu_limit
 from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
+from ._run_options import RunOptions
 
 __all__ = ["CodeSandbox"]
 
@@ -142,13 +143,16 @@ def _mib(size: int) -> str:
     return f"{size / 1024**2:g} MiB" if size >= 1024**2 else f"{size} bytes"
 
 
-def _guest_limit(limit: str | None, message: str, limits: Limits) -> str:
+def _guest_limit(limit: str | None, message: str, limits: Limits, memory: int) -> str:
     """What a limit the guest ran into means, in words (its own message may be empty:
-    a ``MemoryError`` has none)."""
+    a ``MemoryError`` has none); ``memory`` is the guest's cap."""
     if limit == "code_memory":
         what = (
             f"the code needed more memory than code_memory allows ({_mib(limits.code_memory)}; "
             "raise [limits] code_memory to allow more)"
+            if memory >= limits.code_memory
+            else f"the code needed more memory than the run's memory_limit allows "
+            f"({_mib(memory)}; ask for more, up to code_memory, {_mib(limits.code_memory)})"
         )
         return f"{what}: {message}" if message.strip() else what
     return message.strip() or f"the run went over {limit}"
@@ -218,14 +222,12 @@ class CodeSandbox:
 
     # -- the guest process -------------------------------------------------------------
 
-    async def _spawn(self) -> tuple[anyio.abc.Process, int, int]:
+    async def _spawn(self, memory: int) -> tuple[anyio.abc.Process, int, int]:
         if self.kind == "wasm":
             prepared = await _wasm_cache.prepare(_wasm.runtime_named(self.runtime))
             for reason in prepared.rejected:  # what was found wrong and built again
                 self._events.emit("cache_rejected", self._session, cache="wasm", reason=reason)
-            spec = prepared.code_spec(
-                _GUEST_MAIN, {"MSGPACK_PUREPYTHON": "1"}, self._limits.code_memory
-            )
+            spec = prepared.code_spec(_GUEST_MAIN, {"MSGPACK_PUREPYTHON": "1"}, memory)
             if self._closed:
                 raise OSError("the session is closing")
             if _forkserver.wanted():
@@ -238,11 +240,11 @@ class CodeSandbox:
                         raise OSError("the session is closing") from None
                     logger.warning("starting the sandbox without the fork server: %s", exc)
             return await _wasm.spawn_guest(spec)
-        return await self._spawn_subprocess()
+        return await self._spawn_subprocess(memory)
 
-    async def _spawn_subprocess(self) -> tuple[anyio.abc.Process, int, int]:
+    async def _spawn_subprocess(self, cap: int) -> tuple[anyio.abc.Process, int, int]:
         """The weaker fallback: a CPython child with rlimits and an empty environment."""
-        memory = self._limits.code_memory + 128 * 1024 * 1024  # the interpreter's own share
+        memory = cap + 128 * 1024 * 1024  # the interpreter's own share
         # CPU: a backstop for when the host is gone (it counts the guest's time itself);
         # the soft limit moves up before each run (rearm_cpu_limit), the hard one stays.
         cpu = self._cpu_backstop()
@@ -282,14 +284,15 @@ class CodeSandbox:
         the idle time after it, and a margin."""
         return math.ceil(self._limits.code_timeout + _WARM_UP) + 5
 
-    async def _start(self) -> Guest:
+    async def _start(self, memory: int | None = None) -> Guest:
+        memory = self._limits.code_memory if memory is None else memory
         try:
-            process, wfd, rfd = await self._spawn()
+            process, wfd, rfd = await self._spawn(memory)
         except (_wasm.WasmUnavailable, OSError) as exc:
             raise ToolUnavailable(
                 "run_code", reason=f"the code sandbox cannot start: {exc}"
             ) from exc
-        guest = Guest(process, wfd, rfd)
+        guest = Guest(process, wfd, rfd, memory)
         self._tg.start_soon(self._watch, guest)
         tools = [
             [spec.name, spec.file, spec.export, spec.member, spec.installed]
@@ -370,6 +373,12 @@ class CodeSandbox:
             await guest.exited.wait()
         guest.close()
 
+    def warm(self) -> None:
+        """Boot a sandbox in the background if none is running, so that a run that
+        must wait for something else first (its check) finds one ready."""
+        if self._guest is None or not self._guest.alive:
+            self._prefetch()
+
     def _prefetch(self) -> None:
         """Boot the next sandbox now, while the agent thinks, rather than on its next run."""
         if self._closed or self._spare is not None:
@@ -389,36 +398,51 @@ class CodeSandbox:
             spare.guest.kill("the session is closing")
             spare.guest.close()
 
-    async def _fresh(self) -> Guest:
-        """The prefetched sandbox if there is a good one, else a new one."""
+    async def _fresh(self, memory: int) -> Guest:
+        """The prefetched sandbox if there is a good one (with the ``memory`` cap), else a
+        new one."""
         spare, self._spare = self._spare, None
         if spare is not None:
             await spare.done.wait()
             if spare.guest is not None:
-                if spare.guest.alive:
+                if spare.guest.alive and spare.guest.memory == memory:
                     return spare.guest
                 spare.guest.kill("it died before its first run")
                 spare.guest.close()
-        return await self._start()
+        return await self._start(memory)
 
     # -- runs --------------------------------------------------------------------------
 
-    async def run(self, source: str) -> CodeResult:
-        """Run agent code; every failure of the code is in the result, not raised.
+    async def run(self, source: str, options: RunOptions | None = None) -> CodeResult:
+        """Run agent code (with ``options`` checked by ``read_options``); every failure of
+        the code is in the result, not raised.
+
+        A run whose ``memory_limit`` differs from the cap of the sandbox in place gets a
+        sandbox started with its own cap (the variables of earlier runs are lost, and the
+        result says so); the next run without one gets ``code_memory`` back the same way.
 
         Raises:
             ToolUnavailable: the sandbox cannot start at all.
         """
         if not isinstance(source, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError("run_code takes the source code as a str")
+        options = options or RunOptions()
+        memory = self._limits.code_memory if options.memory is None else options.memory
         async with self._lock:
             if self._closed:
                 raise ToolUnavailable("run_code", reason="the session is closed")
-            refused = self._check_source(source)
+            refused = self._check_source(source, options.size())
             if refused is not None:  # nothing was sent: the sandbox and its variables stay
                 return CodeResult(ok=False, error=refused, sandbox=self.kind)
-            warnings: list[str] = []
+            warnings: list[str] = list(options.warnings)
             guest = self._guest
+            if guest is not None and guest.alive and guest.memory != memory:
+                await self._discard("the run asked for another memory cap")
+                self._lost = True
+                self._lost_why = (
+                    f"the run's memory cap is {_mib(memory)} and the sandbox's was "
+                    f"{_mib(guest.memory)} (memory_limit)"
+                )
             if guest is not None and guest.alive and guest.has_output():
                 # Frames between runs: the code of an earlier run is still at work (after
                 # a done frame it forged). Its sandbox cannot be trusted to be idle.
@@ -429,7 +453,7 @@ class CodeSandbox:
                 if self._guest is not None:
                     await self._discard("it died between runs")
                     self._lost = True
-                self._guest = await self._fresh()
+                self._guest = await self._fresh(memory)
                 if self._lost:
                     warnings.append(LOST)
                     if self._lost_why is not None:
@@ -442,7 +466,7 @@ class CodeSandbox:
             self._runs += 1
             run = _Run(self._runs)
             try:
-                await guest.send({"k": p.K_RUN, "id": run.id, "source": source})
+                await guest.send({"k": p.K_RUN, "id": run.id, "source": source, **options.frame()})
                 await self._drive(guest, run)
             except Dead:
                 pass
@@ -465,7 +489,7 @@ class CodeSandbox:
                 self._watch_idle(guest)
             return result
 
-    def _check_source(self, source: str) -> CodeError | None:
+    def _check_source(self, source: str, extra: int = 0) -> CodeError | None:
         """Why ``source`` cannot be sent to the guest, if it cannot."""
         try:
             size = len(source.encode("utf-8"))
@@ -480,12 +504,14 @@ class CodeSandbox:
                 ),
             )
         cap = min(self._limits.max_argument_size, _MAX_SOURCE)
+        size += extra
         if size > cap:
             return CodeError(
                 kind="limit_exceeded",
                 type="LimitExceeded",
                 message=(
-                    f"limit max_argument_size exceeded: the source code takes {size} bytes, "
+                    f"limit max_argument_size exceeded: the source code"
+                    f"{' with its options' if extra else ''} takes {size} bytes, "
                     f"over the limit of {cap}; it did not run, and the sandbox keeps its "
                     "variables: send the code in smaller runs, or the data through a tool"
                 ),
@@ -533,7 +559,7 @@ class CodeSandbox:
             self._events.emit(
                 "sandbox_reset", self._session, reason=error.message, limit=error.limit
             )
-            detail = _guest_limit(error.limit, error.message, self._limits)
+            detail = _guest_limit(error.limit, error.message, self._limits, guest.memory)
             error = error.model_copy(
                 update={"message": f"limit {error.limit} exceeded: {detail}; {LOST}"}
             )

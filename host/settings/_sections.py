@@ -61,6 +61,13 @@ class Limits(_Model):
     (:data:`CODE_MEMORY_DEFAULTS`: 256 MiB, 1 GiB for ``code_runtime = "data"``)."""
     code_max_calls: int = Field(default=100, gt=0)
     code_max_output: Size = 1024**2
+    code_check: Literal["warn", "refuse", "off"] = "warn"
+    """Agent code checked by pyright against the declarations before it runs: ``warn``
+    (diagnostics ride along with the run), ``refuse`` (code with errors does not run) or
+    ``off``. A run may override it (``check=``)."""
+    code_check_timeout: Duration = 10.0
+    """Seconds a check may take (the checker's start included) before the run goes on
+    unchecked (``warn``) or is refused (``refuse``)."""
     max_pending_approvals: int = Field(default=20, gt=0)
     max_argument_size: Size = 4 * 1024**2
     """Bytes the encoded arguments of one call may take; more is refused before policy."""

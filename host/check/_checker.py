@@ -1,0 +1,308 @@
+"""Agent code checked against the declarations before it runs.
+
+:class:`CodeChecker` keeps one pyright language server per host, started on the first
+check and started again when it has died. Its workspace is a private folder holding
+``__builtins__.pyi`` (the scope's ``tool_globals.pyi``: every tool an ``async def``
+builtin, ``tools.FILE.EXPORT`` and the error classes) and a ``pyrightconfig.json``. A check
+opens the source as a document of its own, pulls its diagnostics and closes it, so checks
+of several sessions can overlap.
+
+What the agent's REPL allows is not reported: top-level ``await`` (``async for``/``with``),
+a bare last expression, names earlier runs of the session bound (``known``) and imports
+of the run's own modules. The rest, errors only, become :class:`CodeDiagnostic` records
+(line and column, a kind a model can act on, pyright's message).
+
+A check is time-boxed (``[limits] code_check_timeout``): a server that is slow, cannot
+start or dies gives status ``unavailable`` with a note, never an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+
+from host.capsules import CodeCheck, CodeDiagnostic, CodeError
+from host.declare import Scope
+
+from ._langserver import LangServer, ServerGone, server_command
+
+__all__ = ["CodeChecker", "bound_names", "refusal"]
+
+_HOST_PARENT = str(Path(__file__).resolve().parents[2])
+"""Where ``host`` is importable from: the stub imports the error classes of ``host.errors``."""
+_CONFIG: dict[str, Any] = {
+    "typeCheckingMode": "standard",
+    "reportUnusedCoroutine": "error",  # a tool call never awaited
+    "reportUnusedExpression": "none",  # the last expression is the run's value
+    "reportMissingModuleSource": "none",
+    "enableTypeIgnoreComments": True,
+}
+_TOP_LEVEL = (
+    '"await" allowed only within async function',
+    'Use of "async" not allowed outside of async function',
+)
+"""Messages about what the sandbox allows at top level (it compiles with top-level await)."""
+_UNDEFINED = re.compile(r'^"([^"]+)" is not defined')
+_IMPORT = re.compile(r'^Import "([^"]+)" could not be resolved')
+_KINDS: dict[str, Any] = {
+    "reportUnusedCoroutine": "not_awaited",
+    "reportUndefinedVariable": "unknown_name",
+    "reportMissingImports": "unknown_name",
+    "reportAttributeAccessIssue": "unknown_attribute",
+    "reportCallIssue": "call",
+}
+_MAX_MESSAGE = 600
+_MAX_DIAGNOSTICS = 50
+
+Status = Literal["clean", "errors", "unavailable"]
+
+
+def bound_names(source: str) -> set[str]:
+    """The names a run's top level binds (read with ``ast``; nothing runs)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+
+    def targets(node: ast.AST) -> None:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                names.add(sub.id)
+
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for alias in stmt.names:
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                targets(target)
+        elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+            targets(stmt.target)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    targets(item.optional_vars)
+        for sub in ast.walk(stmt):
+            if isinstance(sub, ast.NamedExpr):
+                names.add(sub.target.id)
+    return names
+
+
+def refusal(check: CodeCheck) -> CodeError:
+    """Why a run was refused (``code_check = "refuse"``), in words a model can act on."""
+    if check.status == "unavailable":
+        message = (
+            f"the code did not run: it could not be checked ({check.note}) and code_check "
+            "is refuse; run it again in a moment"
+        )
+    else:
+        count = len(check.diagnostics)
+        lines = [f"  {d}" for d in check.diagnostics]
+        message = "\n".join(
+            [
+                f"the code did not run: checked against the tool declarations, it has "
+                f"{count} error{'s' if count != 1 else ''}:",
+                *lines,
+                "fix these lines and run the code again",
+            ]
+        )
+    return CodeError(kind="check_failed", type="CheckFailed", message=message)
+
+
+def _env(home: Path) -> dict[str, str]:
+    """The server's whole environment: nothing of the host's (no secrets)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+
+
+def _isolated(command: list[str]) -> list[str] | None:
+    """``command`` in a new user and network namespace (no network), if ``unshare`` exists."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    return [unshare, "--user", "--map-root-user", "--net", "--", *command]
+
+
+class CodeChecker:
+    """A host's checker: one language server, started lazily, restarted when it died."""
+
+    def __init__(self, scope: Scope, *, task_group: anyio.abc.TaskGroup, timeout: float) -> None:
+        self._scope = scope
+        self._tg = task_group
+        self.timeout = timeout
+        self._server: LangServer | None = None
+        self._lock = anyio.Lock()
+        self._root: Path | None = None
+        self._docs = 0
+        self.starts = 0
+        self.isolated = False
+        """Whether the server runs without network (its own network namespace)."""
+        self._closed = False
+
+    def retool(self, scope: Scope) -> None:
+        """New declarations: the next check starts a server that reads them."""
+        self._scope = scope
+        server, self._server = self._server, None
+        if server is not None:
+            self._tg.start_soon(server.kill)
+
+    def _workspace(self) -> Path:
+        root = self._root
+        if root is None:
+            root = self._root = Path(tempfile.mkdtemp(prefix="toolhost-check-"))
+        (root / "__builtins__.pyi").write_text(self._scope.render_pyi(), encoding="utf-8")
+        config = {
+            **_CONFIG,
+            "extraPaths": [_HOST_PARENT],
+            "pythonVersion": f"{sys.version_info.major}.{sys.version_info.minor}",
+        }
+        (root / "pyrightconfig.json").write_text(json.dumps(config), encoding="utf-8")
+        return root
+
+    async def _initialize(self, server: LangServer, root: Path) -> None:
+        uri = root.as_uri()
+        await server.request(
+            "initialize",
+            {
+                "processId": os.getpid(),
+                "rootUri": uri,
+                "workspaceFolders": [{"uri": uri, "name": "agent"}],
+                "capabilities": {"textDocument": {"diagnostic": {"dynamicRegistration": False}}},
+            },
+        )
+        await server.notify("initialized", {})
+
+    async def _running(self) -> LangServer:
+        async with self._lock:
+            server = self._server
+            if server is not None and server.alive:
+                return server
+            if self._closed:
+                raise ServerGone("the host is closing")
+            root = await anyio.to_thread.run_sync(self._workspace)
+            command = server_command()
+            isolated = _isolated(command)
+            for attempt in ([isolated] if isolated else []) + [command]:
+                server = await LangServer.start(attempt, cwd=root, env=_env(root), tg=self._tg)
+                try:
+                    await self._initialize(server, root)
+                except (ServerGone, LookupError):
+                    await server.kill()
+                    continue  # no namespaces here: run it plain (still no host secrets)
+                self._server = server
+                self.starts += 1
+                self.isolated = attempt is isolated
+                return server
+            raise ServerGone("the language server did not start")
+
+    async def check(
+        self,
+        source: str,
+        *,
+        mode: Literal["warn", "refuse"],
+        known: Iterable[str] = (),
+        modules: Iterable[str] = (),
+    ) -> CodeCheck:
+        """Check ``source``; never raises for the checker's own failures."""
+        try:
+            with anyio.fail_after(self.timeout):
+                raw = await self._diagnostics(source)
+        except TimeoutError:
+            return CodeCheck(
+                mode=mode,
+                status="unavailable",
+                note=f"the check took longer than {self.timeout:g} s (code_check_timeout)",
+            )
+        except (ServerGone, LookupError, OSError) as exc:
+            server, self._server = self._server, None
+            if server is not None:
+                await server.kill()
+            return CodeCheck(mode=mode, status="unavailable", note=f"the checker failed: {exc}")
+        diagnostics = _read(raw, set(known), set(modules))
+        return CodeCheck(
+            mode=mode, status="errors" if diagnostics else "clean", diagnostics=diagnostics
+        )
+
+    async def _diagnostics(self, source: str) -> list[Any]:
+        server = await self._running()
+        assert self._root is not None
+        self._docs += 1
+        uri = (self._root / f"run_{self._docs}.py").as_uri()
+        document = {"uri": uri, "languageId": "python", "version": 1, "text": source}
+        await server.notify("textDocument/didOpen", {"textDocument": document})
+        try:
+            report = await server.request("textDocument/diagnostic", {"textDocument": {"uri": uri}})
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(ServerGone):
+                await server.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+        items: Any = _field(report, "items")
+        if not isinstance(items, list):
+            raise LookupError("the language server sent no diagnostics")
+        return items  # pyright: ignore[reportUnknownVariableType]
+
+    async def aclose(self) -> None:
+        self._closed = True
+        server, self._server = self._server, None
+        with anyio.CancelScope(shield=True):
+            if server is not None:
+                await server.kill()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _field(value: Any, key: str) -> Any:
+    """``value[key]`` when ``value`` is a JSON object, else None."""
+    if isinstance(value, dict):
+        mapping: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        return mapping.get(key)
+    return None
+
+
+def _read(raw: list[Any], known: set[str], modules: set[str]) -> list[CodeDiagnostic]:
+    out: list[CodeDiagnostic] = []
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        d: dict[str, Any] = item  # pyright: ignore[reportUnknownVariableType]
+        if d.get("severity", 1) != 1:
+            continue  # errors only
+        message = str(d.get("message", "")).replace("\xa0", " ")
+        if message.startswith(_TOP_LEVEL):
+            continue
+        rule = d.get("code", d.get("rule"))  # pull diagnostics name the rule "code"
+        rule = rule if isinstance(rule, str) else None
+        match = _UNDEFINED.match(message)
+        if rule == "reportUndefinedVariable" and match and match.group(1) in known:
+            continue
+        match = _IMPORT.match(message)
+        if match and match.group(1).split(".")[0] in modules:
+            continue
+        start: Any = _field(_field(d, "range"), "start")
+        kind = "syntax" if rule is None else _KINDS.get(rule, "type")
+        line: Any = _field(start, "line")
+        column: Any = _field(start, "character")
+        out.append(
+            CodeDiagnostic(
+                line=(line if isinstance(line, int) else 0) + 1,
+                column=(column if isinstance(column, int) else 0) + 1,
+                kind=kind,
+                message=message[:_MAX_MESSAGE],
+                rule=rule,
+            )
+        )
+    out.sort(key=lambda d: (d.line, d.column))
+    return out[:_MAX_DIAGNOSTICS]
