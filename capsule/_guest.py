@@ -672,6 +672,8 @@ class _Siblings:
     def exec_module(self, module: Any) -> None:
         filename, source = self._sandbox.modules[module.__name__]
         module.__file__ = filename
+        for name, value in self._sandbox.tool_scope.items():  # tools are its globals too
+            module.__dict__.setdefault(name, value)
         code = compile(source, filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # the agent's own module, in this sandbox only
 
@@ -716,6 +718,8 @@ class Sandbox:
         self.modules: dict[str, tuple[str, str]] = {}
         """Module name -> (file name, source) of the modules runs gave (``modules=``)."""
         self._siblings: _Siblings | None = None
+        self.tool_scope: dict[str, Any] = {}
+        """The tool globals and the error classes (what a module of the run sees too)."""
 
     # -- frames ----------------------------------------------------------------------
 
@@ -749,6 +753,7 @@ class Sandbox:
         scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         scope.update(ERRORS)
         scope.update(_tool_globals(list(msg.get("tools", []))))
+        self.tool_scope = {k: v for k, v in scope.items() if k not in ("__name__", "__builtins__")}
         self.namespace = scope
         self.send(
             {"k": K_READY, "pid": os.getpid(), "python": ".".join(map(str, sys.version_info[:3]))}

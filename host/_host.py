@@ -39,6 +39,7 @@ from ._tracing import Tracing
 from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
     LOST,
+    CodeCheck,
     CodeError,
     CodeResult,
     CodeSandbox,
@@ -350,28 +351,48 @@ class Session:
         """The check (unless ``off``), then the run (unless refused)."""
         if not isinstance(source, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError("run_code takes the source code as a str")
-        checked = None
-        if mode != "off":
-            known = set(self._known)
-            known.update(options.globals or ())
-            modules = {name[:-3] for name in options.modules or ()}
-            self.code.warm()  # a sandbox boots while the code is checked
-            checked = await self._host.checker.check(
-                source, mode=mode, known=known, modules=modules
+        checked: list[CodeCheck] = []
+        known = set(self._known)
+        known.update(options.globals or ())
+        modules = {name[:-3] for name in options.modules or ()}
+
+        async def check(how: Literal["warn", "refuse"]) -> None:
+            checked.append(
+                await self._host.checker.check(source, mode=how, known=known, modules=modules)
             )
-            if mode == "refuse" and checked.status != "clean":
+
+        if mode == "refuse":
+            self.code.warm()  # a sandbox boots while the code is checked
+            await check(mode)
+            if checked[0].status != "clean":
                 return CodeResult(
-                    ok=False, error=refusal(checked), check=checked, sandbox=self.code.kind
+                    ok=False, error=refusal(checked[0]), check=checked[0], sandbox=self.code.kind
                 )
-        result = await self.code.run(source, options)
+            result = await self.code.run(source, options)
+        elif mode == "warn":
+            # The code runs whatever the check finds: both at once, and the result
+            # waits for the check (time-boxed by code_check_timeout) to carry it.
+            finished = anyio.Event()
+
+            async def check_aside() -> None:
+                try:
+                    await check("warn")
+                finally:
+                    finished.set()
+
+            self._host._tg.start_soon(check_aside)  # pyright: ignore[reportPrivateUsage]
+            result = await self.code.run(source, options)
+            await finished.wait()  # bounded: the check gives up at code_check_timeout
+        else:
+            result = await self.code.run(source, options)
         if any(w.startswith(LOST) for w in result.warnings) or (
             result.error is not None and LOST in result.error.message
         ):
             self._known.clear()  # the sandbox was replaced: its variables are gone
         self._known.update(bound_names(source))  # a failed run may have bound some
         self._known.update(options.globals or ())
-        if checked is not None:
-            result = result.model_copy(update={"check": checked})
+        if checked:
+            result = result.model_copy(update={"check": checked[0]})
         return result
 
     async def reset_code(self) -> None:

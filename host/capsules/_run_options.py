@@ -108,10 +108,10 @@ def _modules(raw: Any, tool_names: frozenset[str]) -> dict[str, str]:
             raise _Bad(
                 f"modules: {file!r} would shadow "
                 + (
-                    "a tool global"
-                    if name in tool_names
-                    else "the tools package or the sandbox"
+                    "the tools package or the sandbox"
                     if name in RESERVED_MODULES
+                    else "a tool global"
+                    if name in tool_names
                     else "a module of the standard library"
                 )
                 + f" named {name!r}; rename it (say 'my_{name}.py')"

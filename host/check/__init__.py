@@ -6,11 +6,12 @@ a run's source with every tool as a builtin (``__builtins__.pyi`` from the scope
 ``.pyi``) and reads back diagnostics a model can act on (``_checker.py``).
 
 May import ``capsules`` (the result models), ``declare`` (the scope), ``settings`` and
-``errors``. Imported by the orchestrator only.
+``errors``. Imported by the orchestrator, ``serve`` and ``cli`` (to render a check).
 """
 
 from ._checker import CodeChecker as CodeChecker
 from ._checker import bound_names as bound_names
+from ._checker import check_lines as check_lines
 from ._checker import refusal as refusal
 
-__all__ = ["CodeChecker", "bound_names", "refusal"]
+__all__ = ["CodeChecker", "bound_names", "check_lines", "refusal"]

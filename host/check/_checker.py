@@ -38,7 +38,7 @@ from host.declare import Scope
 
 from ._langserver import LangServer, ServerGone, server_command
 
-__all__ = ["CodeChecker", "bound_names", "refusal"]
+__all__ = ["CodeChecker", "bound_names", "check_lines", "refusal"]
 
 _HOST_PARENT = str(Path(__file__).resolve().parents[2])
 """Where ``host`` is importable from: the stub imports the error classes of ``host.errors``."""
@@ -122,6 +122,13 @@ def refusal(check: CodeCheck) -> CodeError:
             ]
         )
     return CodeError(kind="check_failed", type="CheckFailed", message=message)
+
+
+def check_lines(check: CodeCheck) -> list[str]:
+    """What the check found, one line each (for people and models reading text)."""
+    if check.status == "unavailable":
+        return [f"check: not checked ({check.note})"]
+    return [f"check: {d} [{d.kind}]" for d in check.diagnostics]
 
 
 def _env(home: Path) -> dict[str, str]:

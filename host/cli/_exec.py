@@ -6,11 +6,18 @@ captured output goes to stdout, then the value of the last expression (if any); 
 (the agent's own traceback) and warnings go to stderr. With ``--json``: one object,
 ``{"ok", "value", "stdout", "calls": [{"tool", "decision", "ok"}], "error", "warnings"}``.
 Exit status 0 when the code ran to its end, 1 when it failed, 2 on bad usage.
+
+The options of ``run_code`` are flags: ``--module FILE`` (repeatable: importable by its
+file name), ``--globals JSON``, ``--execute FN`` with ``--args JSON`` and ``--kwargs JSON``,
+``--memory-limit SIZE``, ``--filename NAME`` and ``--check warn|refuse|off``. What the check
+found goes to stderr (``toolhost: check: line L, column C: ...``), and to ``"check"`` with
+``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,7 @@ from typing import Any
 import anyio
 
 from host.capsules import CodeResult
+from host.check import check_lines
 
 from ._common import (
     Subparsers,
@@ -51,6 +59,7 @@ def result_data(result: CodeResult) -> dict[str, Any]:
         ],
         "error": error,
         "warnings": result.warnings,
+        "check": result.check.model_dump() if result.check is not None else None,
     } | ({"attachments": files_data(result.attachments)} if result.attachments else {})
 
 
@@ -68,11 +77,55 @@ async def _source(args: argparse.Namespace) -> str:
         raise UsageError(f"cannot read {args.file}: {exc}") from exc
 
 
+def _json_option(text: str | None, flag: str, kind: type) -> Any:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} takes JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise UsageError(f"{flag} takes a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
+async def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_code``'s options from the flags (the host checks their values)."""
+    options: dict[str, Any] = {}
+    if args.modules:
+        modules: dict[str, str] = {}
+        for file in args.modules:
+            try:
+                modules[Path(file).name] = await anyio.Path(file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError(f"cannot read the module {file}: {exc}") from exc
+        options["modules"] = modules
+    bound = _json_option(args.globals, "--globals", dict)
+    if bound is not None:
+        options["globals"] = bound
+    if args.execute is not None:
+        options["execute"] = {
+            "fn": args.execute,
+            "args": _json_option(args.args, "--args", list) or [],
+            "kwargs": _json_option(args.kwargs, "--kwargs", dict) or {},
+        }
+    elif args.args is not None or args.kwargs is not None:
+        raise UsageError("--args and --kwargs go with --execute FN")
+    if args.memory_limit is not None:
+        options["memory_limit"] = args.memory_limit
+    if args.filename is not None:
+        options["filename"] = args.filename
+    if args.check is not None:
+        options["check"] = args.check
+    return options
+
+
 async def _exec(args: argparse.Namespace) -> int:
     source = await _source(args)
+    options = await _options(args)
     project: Path = project_dir(args)
     async with open_host(project, approver=approver_of(args)) as host:
-        result = await host.run_code(source)
+        result = await host.run_code(source, **options)
     if args.json:
         print(dumps(result_data(result)))
         return 0 if result.ok else 1
@@ -85,6 +138,10 @@ async def _exec(args: argparse.Namespace) -> int:
     print_files(result.attachments)
     for warning in result.warnings:
         print(f"toolhost: warning: {warning}", file=sys.stderr)
+    refused = result.error is not None and result.error.kind == "check_failed"
+    if result.check is not None and not refused:  # a refusal's message lists them
+        for line in check_lines(result.check):
+            print(f"toolhost: {line}", file=sys.stderr)
     if result.error is not None:
         error = result.error
         if error.kind == "limit_exceeded":
@@ -111,6 +168,26 @@ def _add_exec(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", dest="code", metavar="CODE", help="the code to run")
     source.add_argument("file", nargs="?", metavar="FILE", help="a file of code ('-': stdin)")
+    parser.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        metavar="FILE",
+        help="a module the code can import by its file name (repeatable)",
+    )
+    parser.add_argument("--globals", metavar="JSON", help="a JSON object bound as globals")
+    parser.add_argument("--execute", metavar="FN", help="call this function of the code")
+    parser.add_argument("--args", metavar="JSON", help="--execute's arguments (a JSON array)")
+    parser.add_argument("--kwargs", metavar="JSON", help="--execute's keywords (JSON object)")
+    parser.add_argument(
+        "--memory-limit", metavar="SIZE", help="memory for this run ('64MiB'; <= code_memory)"
+    )
+    parser.add_argument("--filename", metavar="NAME", help="the file name tracebacks show")
+    parser.add_argument(
+        "--check",
+        choices=("warn", "refuse", "off"),
+        help="check the code against the tools before it runs ([limits] code_check)",
+    )
     add_approver_option(parser)
     parser.set_defaults(handler=_exec)
 

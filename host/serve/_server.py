@@ -62,6 +62,7 @@ from host.policy import Approval, ApprovalRequest, Approver, Channel, channel_of
 
 from ._tools import (
     RUN_CODE,
+    RUN_CODE_OPTIONS,
     Listing,
     ToolEntry,
     call_arguments,
@@ -593,9 +594,16 @@ class McpServer:
         spec = entry.spec
         if spec is None:  # run_code
             code = arguments.get("code")
-            if not isinstance(code, str) or set(arguments) - {"code"}:
-                raise InvalidArguments(RUN_CODE, "run_code takes one argument, code (a string)")
-            return code_result(await session.run_code(code))
+            unknown = sorted(set(arguments) - {"code", *RUN_CODE_OPTIONS})
+            if not isinstance(code, str) or unknown:
+                raise InvalidArguments(
+                    RUN_CODE,
+                    "run_code takes code (a string) and optionally "
+                    + ", ".join(RUN_CODE_OPTIONS)
+                    + (f"; not {', '.join(unknown)}" if unknown else ""),
+                )
+            options = {k: arguments[k] for k in RUN_CODE_OPTIONS if k in arguments}
+            return code_result(await session.run_code(code, **options))
         args, kwargs = call_arguments(entry, arguments)
         try:
             value = await session.call_as("agent", spec.name, args, kwargs)

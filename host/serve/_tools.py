@@ -31,6 +31,7 @@ import mcp.types as types
 
 from capsule.context import Attachment, Result
 from host.capsules import CodeResult
+from host.check import check_lines
 from host.declare import (
     POSITIONAL_ONLY,
     POSITIONAL_OR_KEYWORD,
@@ -103,8 +104,85 @@ _RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
         },
         "calls": {"type": "array", "items": _CODE_CALL_SCHEMA},
         "warnings": {"type": "array", "items": {"type": "string"}},
+        "check": {
+            "description": "What checking the code against the declarations found, "
+            "before it ran (null when the check is off).",
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "mode": {"enum": ["warn", "refuse"]},
+                        "status": {"enum": ["clean", "errors", "unavailable"]},
+                        "diagnostics": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "line": {"type": "integer"},
+                                    "column": {"type": "integer"},
+                                    "kind": {"type": "string"},
+                                    "message": {"type": "string"},
+                                    "rule": {"type": ["string", "null"]},
+                                },
+                                "required": ["line", "column", "kind", "message"],
+                            },
+                        },
+                        "note": {"type": ["string", "null"]},
+                    },
+                    "required": ["mode", "status", "diagnostics"],
+                },
+            ],
+        },
     },
     "required": ["ok", "value", "stdout", "error", "calls", "warnings"],
+}
+
+RUN_CODE_OPTIONS: Final = ("modules", "globals", "execute", "memory_limit", "filename", "check")
+"""The arguments of ``run_code`` beside ``code``, passed to ``Session.run_code`` as named."""
+
+_RUN_CODE_INPUT: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "code": {
+            "type": "string",
+            "description": "Python source; the last expression is the value.",
+        },
+        "modules": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": 'Modules the code can import, {"helpers.py": "def f(): ..."}: '
+            "kept in the sandbox only; names may not shadow the standard library or tools.",
+        },
+        "globals": {
+            "type": "object",
+            "description": "Plain data bound as global variables before the code runs.",
+        },
+        "execute": {
+            "type": "object",
+            "properties": {
+                "fn": {"type": "string"},
+                "args": {"type": "array"},
+                "kwargs": {"type": "object"},
+            },
+            "required": ["fn"],
+            "description": "Call this function of the code (sync or async) once the code "
+            "has loaded; its return value is the result's value.",
+        },
+        "memory_limit": {
+            "type": ["integer", "string"],
+            "description": 'Memory for this run, in bytes or like "64MiB"; at most the '
+            "policy's code_memory. A new limit restarts the sandbox (variables are lost).",
+        },
+        "filename": {"type": "string", "description": "The file name tracebacks show."},
+        "check": {
+            "enum": ["warn", "refuse", "off"],
+            "description": "Type-check the code against the tools before it runs: warn "
+            "(report and run), refuse (do not run code with errors) or off.",
+        },
+    },
+    "required": ["code"],
+    "additionalProperties": False,
 }
 
 
@@ -185,17 +263,7 @@ def listing(scope: Scope, specs: Mapping[str, ToolSpec]) -> Listing:
     code = types.Tool(
         name=RUN_CODE,
         description=_RUN_CODE_HEAD + scope.render_model(),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "code": {
-                    "type": "string",
-                    "description": "Python source; the last expression is the value.",
-                }
-            },
-            "required": ["code"],
-            "additionalProperties": False,
-        },
+        input_schema=_RUN_CODE_INPUT,
         output_schema=_RUN_CODE_OUTPUT,
     )
     tools.append(code)
@@ -393,6 +461,7 @@ def code_result(result: CodeResult) -> types.CallToolResult:
         "error": error,
         "calls": calls,
         "warnings": list(result.warnings),
+        "check": result.check.model_dump() if result.check is not None else None,
     }
     lines: list[str] = []
     if result.stdout:
@@ -412,6 +481,9 @@ def code_result(result: CodeResult) -> types.CallToolResult:
         )
         lines.append(f"calls: {made}")
     lines.extend(f"warning: {w}" for w in result.warnings)
+    refused = result.error is not None and result.error.kind == "check_failed"
+    if result.check is not None and not refused:  # a refusal's message lists them already
+        lines.extend(check_lines(result.check))
     if result.attachments:
         data["attachments"] = [f.info() for f in result.attachments]
     return types.CallToolResult(

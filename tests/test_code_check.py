@@ -1,0 +1,292 @@
+"""Agent code checked against the declarations before it runs (``[limits] code_check``).
+
+A real pyright language server per host (started on the first check), a real Wasm
+sandbox, and the check's three modes through the API, ``toolhost exec`` and MCP: each
+diagnostic kind with its line and column; ``refuse`` runs nothing with errors and says
+why; ``warn`` runs and carries the diagnostics; ``off`` does not check. A checker that is
+too slow or has died never blocks a run under ``warn``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from host import CodeResult, Host
+from host.serve import RUN_CODE, McpServer
+
+from .mcp_helpers import connect
+from .test_sandbox_cli import TOOLHOST
+from .test_wasm import wasm_prepared
+
+pytestmark = [pytest.mark.wasm]
+__all__ = ["wasm_prepared"]
+
+TOOLS = {
+    "calc": """
+        def add(a: int, b: int) -> int:
+            return a + b
+    """,
+    "kanban": """
+        def close(ticket: str, *, reason: str = "done") -> bool:
+            return True
+    """,
+}
+
+
+def policy(check: str = "warn", timeout: str = "60s") -> str:
+    return textwrap.dedent(
+        f"""
+        version = 1
+        [defaults]
+        agent = "allow"
+        [limits]
+        code_check = "{check}"
+        code_check_timeout = "{timeout}"
+        """
+    )
+
+
+@pytest.fixture
+def proj(make_project: Callable[..., Path], wasm_prepared: Any) -> Path:
+    del wasm_prepared
+    return make_project(tools=TOOLS, policy=policy())
+
+
+def kinds(result: CodeResult) -> list[tuple[int, int, str]]:
+    assert result.check is not None
+    return [(d.line, d.column, d.kind) for d in result.check.diagnostics]
+
+
+BAD = """\
+x = await add(1, 2)
+add(3, 4)
+await nosuch(1)
+await tools.kanban.nope("t")
+await add(1, 2, 3)
+await tools.kanban.close("t", why="x")
+await add("a", 2)
+x + "text"
+"""
+"""Each line but the first breaks one rule; the expected (line, column, kind) below."""
+BAD_FOUND = [
+    (2, 1, "not_awaited"),
+    (3, 7, "unknown_name"),
+    (4, 26, "unknown_attribute"),
+    (5, 17, "call"),
+    (6, 31, "call"),
+    (7, 15, "type"),
+    (8, 1, "type"),
+]
+
+
+@pytest.mark.anyio
+async def test_each_diagnostic_kind_with_warn_refuse_and_off(proj: Path) -> None:
+    async with Host.open(proj) as host:
+        # refuse: nothing runs (x stays unbound), the error lists every line.
+        refused = await host.run_code(BAD, check="refuse")
+        assert not refused.ok and refused.calls == []
+        assert refused.error is not None and refused.error.kind == "check_failed"
+        assert refused.error.message.startswith(
+            "the code did not run: checked against the tool declarations, it has 7 errors:"
+        )
+        assert "  line 2, column 1: Result of async function call is not used" in (
+            refused.error.message
+        )
+        assert refused.error.message.endswith("fix these lines and run the code again")
+        assert kinds(refused) == BAD_FOUND
+        assert refused.check is not None and refused.check.mode == "refuse"
+        assert refused.check.status == "errors"
+        # warn (the policy's default): the code runs, the diagnostics ride along.
+        warned = await host.run_code(BAD)
+        assert kinds(warned) == BAD_FOUND
+        assert warned.check is not None and warned.check.mode == "warn"
+        assert [c.tool for c in warned.calls] == ["add", "nosuch"]  # it ran to line 3
+        # off: not checked at all.
+        off = await host.run_code("await add(1, 2)", check="off")
+        assert off.ok and off.value == 3 and off.check is None
+        # A syntax error: found before the guest says so.
+        syntax = await host.run_code("def (:\n", check="refuse")
+        assert syntax.check is not None and syntax.check.diagnostics
+        assert {d.kind for d in syntax.check.diagnostics} == {"syntax"}
+        assert syntax.check.diagnostics[0].line == 1
+        # Clean code under refuse runs; what earlier runs bound is known, not unknown.
+        clean = await host.run_code("y = await add(x, 1)\ny", check="refuse")
+        assert clean.ok and clean.value == 4
+        assert clean.check is not None and clean.check.status == "clean"
+        # REPL forms are not errors: top-level await, async for, a bare last expression,
+        # the run's own globals and modules.
+        source = "import helpers\nasync def g():\n    yield 1\n[i async for i in g()] + [z]"
+        fine = await host.run_code(
+            source, check="refuse", globals={"z": 2}, modules={"helpers.py": "v = 1\n"}
+        )
+        assert fine.ok and fine.value == [1, 2], fine.error
+        bad = await host.run_code("1", check="sometimes")  # type: ignore[arg-type]
+        assert bad.error is not None and bad.error.kind == "invalid_arguments"
+        assert "check must be 'warn', 'refuse' or 'off'" in bad.error.message
+
+
+@pytest.mark.anyio
+async def test_refuse_is_the_policys_and_a_run_overrides_it(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    root = make_project(tools=TOOLS, policy=policy("refuse"))
+    async with Host.open(root) as host:
+        result = await host.run_code("add(1, 2)\n'ran'")
+        assert result.error is not None and result.error.kind == "check_failed"
+        assert (await host.run_code("add(1, 2)\n'ran'", check="warn")).value == "ran"
+        assert (await host.run_code("add(1, 2)\n'ran'", check="off")).value == "ran"
+
+
+@pytest.mark.anyio
+async def test_a_slow_or_dead_checker_never_blocks_warn(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    root = make_project(tools=TOOLS, policy=policy("warn", timeout="1ms"))
+    async with Host.open(root) as host:
+        slow = await host.run_code("await add(1, 2)")
+        assert slow.ok and slow.value == 3
+        assert slow.check is not None and slow.check.status == "unavailable"
+        assert slow.check.note is not None and "code_check_timeout" in slow.check.note
+        # Under refuse the same checker refuses: unchecked code does not run.
+        refused = await host.run_code("await add(1, 2)", check="refuse")
+        assert refused.error is not None and refused.error.kind == "check_failed"
+        assert "could not be checked" in refused.error.message
+
+
+@pytest.mark.anyio
+async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
+    async with Host.open(proj) as host:
+        first = await host.run_code("add(1, 2)")
+        assert kinds(first) == [(1, 1, "not_awaited")]
+        server = host.checker._server  # pyright: ignore[reportPrivateUsage]
+        assert server is not None
+        pid = server.process.pid
+        environ = (await anyio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+        assert not any(b"CANARY_SECRET" in item for item in environ)
+        assert sorted(item.split(b"=")[0] for item in environ if item) == [
+            b"HOME",
+            b"LANG",
+            b"PATH",
+        ]
+        if host.checker.isolated:  # its own network namespace: no network at all
+            assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        server.process.kill()
+        await server.gone.wait()
+        again = await host.run_code("add(1, 2)")
+        assert kinds(again) == [(1, 1, "not_awaited")]
+        assert host.checker.starts == 2
+
+
+def toolhost(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TOOLHOST, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_exec_shows_the_check_and_takes_every_option(proj: Path) -> None:
+    warned = toolhost("exec", "-c", "add(1, 2)\n'ran'", cwd=proj)
+    assert warned.returncode == 0, warned.stderr
+    assert warned.stdout == "ran\n"
+    assert (
+        "toolhost: check: line 1, column 1: Result of async function call is not used"
+        in warned.stderr
+    )
+    refused = toolhost("exec", "--check", "refuse", "--json", "-c", "add(1, 2)\n'ran'", cwd=proj)
+    assert refused.returncode == 1
+    data = json.loads(refused.stdout)
+    assert data["error"]["kind"] == "check_failed"
+    assert data["check"]["diagnostics"][0]["kind"] == "not_awaited"
+    (proj / "helpers.py").write_text("def twice(v):\n    return v * 2\n")
+    done = toolhost(
+        "exec",
+        "--json",
+        "--check",
+        "refuse",
+        "--module",
+        str(proj / "helpers.py"),
+        "--globals",
+        '{"bump": 100}',
+        "--execute",
+        "main",
+        "--args",
+        "[2]",
+        "--kwargs",
+        '{"k": 5}',
+        "--memory-limit",
+        "128MiB",
+        "--filename",
+        "agent.py",
+        "-c",
+        "import helpers\nasync def main(n, k=1):\n    return helpers.twice(await add(n, k)) + bump",
+        cwd=proj,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["value"] == 114 and data["check"]["status"] == "clean"
+    trace = toolhost("exec", "--check", "off", "--filename", "agent.py", "-c", "1 // 0", cwd=proj)
+    assert 'File "agent.py", line 1' in trace.stderr
+    bad = toolhost("exec", "--globals", "[1]", "-c", "1", cwd=proj)
+    assert bad.returncode == 2 and "--globals takes a JSON object" in bad.stderr
+    bad = toolhost("exec", "--args", "[1]", "-c", "1", cwd=proj)
+    assert bad.returncode == 2 and "--args and --kwargs go with --execute" in bad.stderr
+    bad = toolhost("exec", "--memory-limit", "1KiB", "-c", "1", cwd=proj)
+    assert bad.returncode == 1 and "memory_limit" in bad.stderr
+
+
+@pytest.mark.anyio
+async def test_mcp_run_code_takes_the_options_and_shows_the_check(proj: Path) -> None:
+    async with (
+        Host.open(proj) as host,
+        McpServer(host).running() as server,
+        connect(server) as client,
+    ):
+        listed = await client.list_tools()
+        run_code = next(t for t in listed.tools if t.name == RUN_CODE)
+        assert set(run_code.input_schema["properties"]) == {
+            "code",
+            "modules",
+            "globals",
+            "execute",
+            "memory_limit",
+            "filename",
+            "check",
+        }
+        refused = await client.call_tool(RUN_CODE, {"code": "add(1, 2)", "check": "refuse"})
+        assert refused.is_error
+        data = refused.structured_content
+        assert data is not None and data["error"]["kind"] == "check_failed"
+        assert data["check"]["diagnostics"][0]["line"] == 1
+        text = refused.content[0].text  # type: ignore[union-attr]
+        assert "the code did not run" in text and "line 1, column 1" in text
+        warned = await client.call_tool(RUN_CODE, {"code": "add(1, 2)\n'ran'"})
+        assert not warned.is_error
+        assert warned.structured_content is not None
+        assert warned.structured_content["value"] == "ran"
+        text = warned.content[0].text  # type: ignore[union-attr]
+        assert "check: line 1, column 1: Result of async function call" in text
+        options = {
+            "code": "def main(a):\n    return a + bump",
+            "globals": {"bump": 1},
+            "execute": {"fn": "main", "args": [41]},
+            "filename": "agent.py",
+            "memory_limit": "128MiB",
+            "modules": {"helpers.py": "v = 1\n"},
+            "check": "off",
+        }
+        done = await client.call_tool(RUN_CODE, options)
+        assert done.structured_content is not None
+        assert done.structured_content["value"] == 42, done.structured_content
+        bad = await client.call_tool(RUN_CODE, {"code": "1", "globals": {"add": 1}})
+        assert bad.is_error and bad.structured_content is not None
+        assert bad.structured_content["error"]["kind"] == "invalid_arguments"
+        unknown = await client.call_tool(RUN_CODE, {"code": "1", "nope": 1})
+        assert unknown.is_error
