@@ -457,7 +457,7 @@ async def measure_targets(repeat: int, runtime: str = "default") -> dict[str, An
             policy += f'[capsules]\ncode_runtime = "{runtime}"\n'
         (root / "policy.toml").write_text(policy)
         store = SQLiteStore(root / ".agent" / "state.db", durability="process")
-        limits = {"code_max_calls": batch + 1}
+        limits = {"code_max_calls": batch + 1, "code_check": "off"}  # code mode alone
         async with Host.open(root, limits=limits, store=store) as host:
             t = time.perf_counter()
             await host.run_code("await add(1, 2)")

@@ -162,10 +162,19 @@ async def test_filename_is_what_tracebacks_show(proj: Path) -> None:
 
 async def test_memory_limit_lowers_never_raises(proj: Path) -> None:
     async with Host.open(proj) as host:
+        assert ok(await host.run_code("kept = 1\nkept")) == 1
+        # A lower cap: a sandbox of its own, and the variables are lost (it says so).
+        small = await host.run_code("'kept' in globals()", memory_limit=64 * 1024**2)
+        assert ok(small) is False
+        assert any(
+            "memory cap is 64 MiB and the sandbox's was 256 MiB" in w for w in small.warnings
+        )
         grab = "b = bytearray(400 * 1024 * 1024)\nlen(b)"  # over even the fallback's share
         low = await host.run_code(grab, memory_limit="64MiB")
         assert low.error is not None and low.error.limit == "code_memory"
         assert "memory_limit allows (64 MiB" in low.error.message
+        again = await host.run_code("x = 2", memory_limit="64MiB")
+        assert again.ok
         # The next run without one gets code_memory back, in a sandbox of its own.
         back = await host.run_code("b = bytearray(32 * 1024 * 1024)\nlen(b)")
         assert ok(back) == 32 * 1024 * 1024
