@@ -2,7 +2,9 @@
 
 REPL semantics: top-level ``await``; the last expression is the run's value; variables
 and imports persist between runs; ``print`` is captured (capped). An exception returns
-the traceback of the agent's own code only.
+the traceback of the agent's own code only. A run may bring modules (importable by name,
+kept in this process only), plain-data globals, a function to call once the code has
+loaded (``execute``) and the file name its tracebacks show; the host checked them all.
 
 Every tool is a global (bare names, and ``tools.FILE.EXPORT[.MEMBER]``). A tool proxy is a
 data-only stub: calling it returns an awaitable :class:`ToolCall` that, when awaited, can

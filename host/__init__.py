@@ -19,6 +19,8 @@ from .audit import Grant as Grant
 from .audit import SQLiteStore as SQLiteStore
 from .audit import Store as Store
 from .capsules import CodeCall as CodeCall
+from .capsules import CodeCheck as CodeCheck
+from .capsules import CodeDiagnostic as CodeDiagnostic
 from .capsules import CodeError as CodeError
 from .capsules import CodeResult as CodeResult
 from .declare import Discovery as Discovery
@@ -74,6 +76,8 @@ __all__ = (
     "CodeResult",
     "CodeError",
     "CodeCall",
+    "CodeCheck",
+    "CodeDiagnostic",
     # policy, approvals, state
     "Policy",
     "Decision",

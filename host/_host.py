@@ -926,6 +926,7 @@ class Host:
             session.tools = _tree(session.call_as, discovery.tools, "app")
             await session.supervisor.retool(discovery, files, discovery.tools)
             await session.code.retool(discovery.tools)
+            session._known.clear()  # pyright: ignore[reportPrivateUsage]  # variables lost
             self.events.emit(
                 "tools_reloaded",
                 session.id,

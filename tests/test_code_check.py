@@ -80,10 +80,10 @@ x + "text"
 BAD_FOUND = [
     (2, 1, "not_awaited"),
     (3, 7, "unknown_name"),
-    (4, 26, "unknown_attribute"),
+    (4, 20, "unknown_attribute"),
     (5, 17, "call"),
     (6, 31, "call"),
-    (7, 15, "type"),
+    (7, 11, "type"),
     (8, 1, "type"),
 ]
 
@@ -109,7 +109,8 @@ async def test_each_diagnostic_kind_with_warn_refuse_and_off(proj: Path) -> None
         warned = await host.run_code(BAD)
         assert kinds(warned) == BAD_FOUND
         assert warned.check is not None and warned.check.mode == "warn"
-        assert [c.tool for c in warned.calls] == ["add", "nosuch"]  # it ran to line 3
+        assert [c.tool for c in warned.calls] == ["add"]  # it ran, up to line 3
+        assert warned.error is not None and warned.error.type == "NameError"
         # off: not checked at all.
         off = await host.run_code("await add(1, 2)", check="off")
         assert off.ok and off.value == 3 and off.check is None

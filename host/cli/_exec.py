@@ -48,19 +48,22 @@ def result_data(result: CodeResult) -> dict[str, Any]:
     error = None
     if result.error is not None:
         error = result.error.model_dump(exclude_none=True)
-    return {
-        "ok": result.ok,
-        "value": result.value,
-        "stdout": result.stdout,
-        "calls": [
-            {"tool": c.tool, "decision": c.decision, "ok": c.ok}
-            | ({"error": c.error} if c.error else {})
-            for c in result.calls
-        ],
-        "error": error,
-        "warnings": result.warnings,
-        "check": result.check.model_dump() if result.check is not None else None,
-    } | ({"attachments": files_data(result.attachments)} if result.attachments else {})
+    return (
+        {
+            "ok": result.ok,
+            "value": result.value,
+            "stdout": result.stdout,
+            "calls": [
+                {"tool": c.tool, "decision": c.decision, "ok": c.ok}
+                | ({"error": c.error} if c.error else {})
+                for c in result.calls
+            ],
+            "error": error,
+            "warnings": result.warnings,
+        }
+        | ({"check": result.check.model_dump()} if result.check is not None else {})
+        | ({"attachments": files_data(result.attachments)} if result.attachments else {})
+    )
 
 
 async def _source(args: argparse.Namespace) -> str:
