@@ -130,7 +130,8 @@ def _has_check() -> bool:
 async def measure(hosts: int, warm_only: bool) -> dict[str, Any]:
     from host import Host, SQLiteStore
 
-    has_check = _has_check() and not warm_only
+    supported = _has_check()
+    has_check = supported and not warm_only
     first: list[float] = []
     warm: list[float] = []
     run_off: list[float] = []
@@ -141,7 +142,7 @@ async def measure(hosts: int, warm_only: bool) -> dict[str, Any]:
         for _ in range(hosts):
             store = SQLiteStore(root / ".agent" / "state.db", durability="process")
             limits: dict[str, Any] = {"code_max_calls": 1000}
-            if has_check:
+            if supported:
                 limits["code_check"] = "off"
             async with Host.open(root, limits=limits, store=store) as host:
                 assert (await host.run_code("await add(1, 2)")).value == 3  # boot the sandbox
