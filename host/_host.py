@@ -200,6 +200,16 @@ def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResu
                 "type": redactor.text(error.type),
             }
         )
+    if result.check is not None and result.check.diagnostics:  # they may quote the code
+        check = result.check
+        update["check"] = check.model_copy(
+            update={
+                "diagnostics": [
+                    d.model_copy(update={"message": redactor.text(d.message)})
+                    for d in check.diagnostics
+                ]
+            }
+        )
     if results:
         update["value"] = redactor.value(result.value)
         update["stdout"] = redactor.text(result.stdout)

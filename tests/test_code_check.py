@@ -291,3 +291,19 @@ async def test_mcp_run_code_takes_the_options_and_shows_the_check(proj: Path) ->
         assert bad.structured_content["error"]["kind"] == "invalid_arguments"
         unknown = await client.call_tool(RUN_CODE, {"code": "1", "nope": 1})
         assert unknown.is_error
+
+
+@pytest.mark.anyio
+async def test_a_secret_quoted_by_a_diagnostic_is_replaced(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    del wasm_prepared
+    secret = os.environ["CANARY_SECRET"]
+    root = make_project(tools=TOOLS, policy=policy() + '[env]\nsecret = ["CANARY_SECRET"]\n')
+    async with Host.open(root) as host:
+        result = await host.run_code(f"n: int = {secret!r}", check="refuse")
+        assert result.check is not None and result.check.diagnostics
+        assert result.error is not None
+        assert secret not in result.check.diagnostics[0].message
+        assert secret not in result.error.message
+        assert "is not assignable to declared type" in result.check.diagnostics[0].message
