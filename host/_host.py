@@ -361,6 +361,9 @@ class Session:
         """The check (unless ``off``), then the run (unless refused)."""
         if not isinstance(source, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError("run_code takes the source code as a str")
+        refused = self.code.refusal(source, options)
+        if refused is not None:  # it cannot be sent: neither checked nor run
+            return CodeResult(ok=False, error=refused, sandbox=self.code.kind)
         checked: list[CodeCheck] = []
         known = set(self._known)
         known.update(options.globals or ())

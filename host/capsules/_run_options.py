@@ -67,7 +67,8 @@ class RunOptions:
 
     def size(self) -> int:
         """Bytes the options add to the ``run`` frame."""
-        return len(p.encode(self.frame()))
+        frame = self.frame()
+        return len(p.encode(frame)) if frame else 0
 
 
 def _plain(value: Any, what: str) -> None:

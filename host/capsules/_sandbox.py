@@ -489,6 +489,11 @@ class CodeSandbox:
                 self._watch_idle(guest)
             return result
 
+    def refusal(self, source: str, options: RunOptions) -> CodeError | None:
+        """Why :meth:`run` would refuse ``source`` at once (not Unicode, too big), if it
+        would: checked before the source goes to anyone else (the checker)."""
+        return self._check_source(source, options.size())
+
     def _check_source(self, source: str, extra: int = 0) -> CodeError | None:
         """Why ``source`` cannot be sent to the guest, if it cannot."""
         try:
