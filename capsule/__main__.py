@@ -39,6 +39,7 @@ variables are removed from the environment at once.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import codecs
 import contextlib
@@ -49,6 +50,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from ._harden import drop_privileges
@@ -149,21 +151,56 @@ def _unbuffered(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
 
 
-def _forward_console(capsule: Capsule, fd: int) -> None:
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    while True:
-        try:
-            data = os.read(fd, _CHUNK)
-        except OSError:
-            return
-        if not data:
-            return
-        text = decoder.decode(data)
-        if text:
-            try:
-                capsule.write(encode({"k": K_CONSOLE, "stream": "stdout", "data": text}))
-            except OSError:
-                return
+class _Console:
+    """What tools write to fd 1 (``print``, C code, their child processes), forwarded as
+    console frames by a thread; and :meth:`settle`, which the capsule calls before every
+    other frame, so a tool's result never overtakes the output it printed before it."""
+
+    def __init__(self, capsule: Capsule, fd: int) -> None:
+        import fcntl  # not on WASI, where there is no console thread
+        import termios
+
+        self.capsule = capsule
+        self.fd = fd
+        self.gate = threading.Lock()
+        """Held from reading a chunk until its frame is written."""
+        self._ioctl = fcntl.ioctl
+        self._fionread = termios.FIONREAD
+
+    def forward(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while True:
+            poller.poll()
+            with self.gate:
+                try:
+                    data = os.read(self.fd, _CHUNK)
+                except OSError:
+                    return
+                if not data:
+                    return
+                text = decoder.decode(data)
+                if text:
+                    frame = encode({"k": K_CONSOLE, "stream": "stdout", "data": text})
+                    try:
+                        self.capsule.write(frame, console=True)
+                    except OSError:
+                        return
+
+    def settle(self) -> None:
+        """Wait until the pipe holds nothing unforwarded; a few milliseconds at most (a
+        tool's background child may keep writing)."""
+        pending = array.array("i", [0])
+        for _ in range(20):
+            with self.gate:
+                try:
+                    self._ioctl(self.fd, self._fionread, pending)
+                except OSError:
+                    return
+                if pending[0] == 0:
+                    return
+            time.sleep(0.001)
 
 
 def _descendants(root: int) -> list[int]:
@@ -319,9 +356,9 @@ def work(settings: dict[str, Any], lifelines: list[int], *, keeper_is_parent: bo
     proto_in, proto_out, console_read = _take_stdio()
     capsule = Capsule(proto_in, proto_out)
     if sys.platform != "wasi":
-        threading.Thread(
-            target=_forward_console, args=(capsule, console_read), daemon=True, name="console"
-        ).start()
+        console = _Console(capsule, console_read)
+        capsule.settle = console.settle
+        threading.Thread(target=console.forward, daemon=True, name="console").start()
         threading.Thread(
             target=_lifeline,
             args=(os.getppid(), lifelines, keeper_is_parent),

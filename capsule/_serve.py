@@ -183,15 +183,21 @@ class Capsule:
         self._requests = itertools.count(1)
         self._answers: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         """Context requests waiting for the host's answer, by request id."""
+        self.settle: Callable[[], None] | None = None
+        """Waits until what tools wrote to the console so far has been forwarded, so a
+        result never overtakes the print that came before it (set by ``__main__``)."""
 
     # -- writing -----------------------------------------------------------------------
 
-    def write(self, body: bytes) -> None:
-        """Write one frame (any thread)."""
-        self._write_frames(HEADER.pack(len(body)) + body)
+    def write(self, body: bytes, *, console: bool = False) -> None:
+        """Write one frame (any thread); ``console``: a frame of the console's forwarder."""
+        self._write_frames(HEADER.pack(len(body)) + body, console=console)
 
-    def _write_frames(self, data: bytes) -> None:
-        """Write whole frames, never interleaved with another thread's."""
+    def _write_frames(self, data: bytes, *, console: bool = False) -> None:
+        """Write whole frames, never interleaved with another thread's, and never ahead
+        of what tools wrote to the console before them (:attr:`settle`)."""
+        if not console and self.settle is not None:
+            self.settle()
         with self._lock:
             written = os.write(self._out, data)
             if written < len(data):

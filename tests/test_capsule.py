@@ -7,6 +7,8 @@ Every test here starts real ``python -m capsule`` processes on the lab project
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -214,6 +216,38 @@ async def test_every_kind_of_output_becomes_console_events() -> None:
         assert streams["c-level"] == {"stdout"}
         assert streams["logged to stderr"] == {"stderr"}
         assert await host.call("bump") == 1, "the protocol channel is intact"
+
+
+async def test_what_a_tool_printed_arrives_before_its_result(
+    make_project: Callable[..., Path],
+) -> None:
+    """A result never overtakes the output printed before it (``toolhost call`` exits on
+    the result: a line still in the capsule's console pipe was lost). 200 KB of lines
+    fill the pipe several times over, so the last ones are still in it as the tool returns."""
+    project = make_project(
+        {
+            "chatter": """
+                import os
+
+
+                def chatter(n: int) -> int:
+                    for i in range(2000):
+                        print(f"{n}:{i:04d} " + "x" * 90)
+                    os.write(1, f"last line of {n}\\n".encode())
+                    return n
+            """
+        }
+    )
+    async with Host.open(project) as host:
+        recorder = Recorder(host)
+        for n in range(5):
+            assert await host.call("chatter", n) == n
+            assert f"last line of {n}" in recorder.console()  # at once: no wait
+        async with Host.open(LAB) as lab:
+            recorder = Recorder(lab)
+            assert await lab.call("talk") == "intact"
+            shown = recorder.console()
+            assert all(line in shown for line in ("hi from print", "raw fd write", "c-level"))
 
 
 async def test_output_without_a_newline_is_not_held_back() -> None:
