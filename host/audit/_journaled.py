@@ -103,6 +103,24 @@ def grant_values(row: RowLike) -> dict[str, Any]:
     return values
 
 
+def new_grant_values(grant: Grant, created: float) -> dict[str, Any]:
+    """The row of a grant about to be stored (``revoked`` is None: it is new)."""
+    return {
+        "created": created,
+        "tool": grant.tool,
+        "caller": grant.caller,
+        "args_sha256": grant.args_sha256,
+        "allow": int(grant.allow),
+        "rule": grant.rule,
+        "rule_digest": grant.rule_digest,
+        "reason": grant.reason,
+        "summary": grant.summary,
+        "tool_digest": grant.tool_digest,
+        "expires": grant.expires,
+        "revoked": None,
+    }
+
+
 def grant_parts(db_id: str, values: dict[str, Any]) -> tuple[Any, ...]:
     parts: tuple[Any, ...] = (db_id, *(values[name] for name in GRANT_FIELDS))
     for name in _OPTIONAL:  # signed only when set: older grants verify as they were

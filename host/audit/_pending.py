@@ -34,6 +34,7 @@ __all__ = [
     "select_all",
     "offer",
     "answer",
+    "answer_parameters",
     "outcome",
     "row_values",
     "strings",
@@ -174,6 +175,23 @@ def offer(conn: sqlite3.Connection, pending_id: str, margin: float) -> bool:
     return found
 
 
+def answer_parameters(given: PendingAnswer, pending_id: str, now: float) -> tuple[Any, ...]:
+    """The parameters of the first-answer-wins ``UPDATE`` (both stores): the answer's
+    fields, ``answered``, its MAC, then the request's id and ``now`` for the guard."""
+    return (
+        int(given.allow),
+        given.remember,
+        given.scope,
+        given.comment,
+        given.approver,
+        given.channel,
+        now,
+        given.mac,
+        pending_id,
+        now,
+    )
+
+
 def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> AnswerResult:
     """Record ``given`` (and its ``mac``) unless the request is gone, expired, not offered
     or answered."""
@@ -185,18 +203,7 @@ def answer(conn: sqlite3.Connection, pending_id: str, given: PendingAnswer) -> A
             "answer_comment = ?, answer_by = ?, answer_channel = ?, answered = ?, "
             "answer_mac = ? "
             "WHERE id = ? AND answer_allow IS NULL AND offered = 1 AND expires > ?",
-            (
-                int(given.allow),
-                given.remember,
-                given.scope,
-                given.comment,
-                given.approver,
-                given.channel,
-                now,
-                given.mac,
-                pending_id,
-                now,
-            ),
+            answer_parameters(given, pending_id, now),
         )
         won = cursor.rowcount == 1
         current = select(conn, pending_id)

@@ -48,7 +48,7 @@ from host.trust import HostKey, host_key
 from . import _journal, _pending, _session
 from ._hostlock import HostLock, identity, same_machine
 from ._journal import Journal, PgConnection
-from ._journaled import Durability, JournaledStore, grant_values
+from ._journaled import Durability, JournaledStore, grant_values, new_grant_values
 from ._pg_listen import CHANNEL, GRANTS_CHANNEL, Listener, close_hosts
 from ._pg_schema import VERSION, is_unavailable, migrate, version
 from ._records import (
@@ -439,20 +439,7 @@ class PgStore(JournaledStore):
 
     async def add_grant(self, grant: Grant) -> Grant:
         created = grant.created or time.time()
-        values: dict[str, Any] = {
-            "created": created,
-            "tool": grant.tool,
-            "caller": grant.caller,
-            "args_sha256": grant.args_sha256,
-            "allow": int(grant.allow),
-            "rule": grant.rule,
-            "rule_digest": grant.rule_digest,
-            "reason": grant.reason,
-            "summary": grant.summary,
-            "tool_digest": grant.tool_digest,
-            "expires": grant.expires,
-            "revoked": None,
-        }
+        values = new_grant_values(grant, created)
 
         def work(conn: _Conn) -> int:
             with conn.transaction():
@@ -599,18 +586,7 @@ class PgStore(JournaledStore):
                     "answer_scope = %s, answer_comment = %s, answer_by = %s, "
                     "answer_channel = %s, answered = %s, answer_mac = %s WHERE id = %s "
                     "AND answer_allow IS NULL AND offered = 1 AND expires > %s",
-                    (
-                        int(given.allow),
-                        given.remember,
-                        given.scope,
-                        given.comment,
-                        given.approver,
-                        given.channel,
-                        now,
-                        given.mac,
-                        pending_id,
-                        now,
-                    ),
+                    _pending.answer_parameters(given, pending_id, now),
                 )
                 won = cur.rowcount == 1
                 rows = _dicts(conn, "SELECT * FROM pending WHERE id = %s", (pending_id,))

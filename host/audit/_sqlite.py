@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import anyio
 
@@ -31,7 +31,7 @@ from host.trust import HostKey, host_key
 from . import _journal, _pending, _session
 from ._hostlock import HostLock, identity
 from ._journal import COLUMNS, Journal
-from ._journaled import Durability, JournaledStore, grant_values
+from ._journaled import Durability, JournaledStore, grant_values, new_grant_values
 from ._reading import tail_audit
 from ._records import (
     AnswerResult,
@@ -409,20 +409,7 @@ class SQLiteStore(JournaledStore):
 
     async def add_grant(self, grant: Grant) -> Grant:
         created = grant.created or time.time()
-        values: dict[str, Any] = {
-            "created": created,
-            "tool": grant.tool,
-            "caller": grant.caller,
-            "args_sha256": grant.args_sha256,
-            "allow": int(grant.allow),
-            "rule": grant.rule,
-            "rule_digest": grant.rule_digest,
-            "reason": grant.reason,
-            "summary": grant.summary,
-            "tool_digest": grant.tool_digest,
-            "expires": grant.expires,
-            "revoked": None,
-        }
+        values = new_grant_values(grant, created)
 
         def work(conn: sqlite3.Connection) -> int:
             conn.execute("BEGIN IMMEDIATE")
