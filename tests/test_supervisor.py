@@ -119,9 +119,11 @@ async def test_a_crash_fails_every_call_in_flight(tool: str) -> None:
         assert recorder.of("capsule_started")[-1].data["state_lost"] is True
 
 
-def capsule_processes(me: psutil.Process) -> list[psutil.Process]:
-    """This process's capsules: its children but the audit writer and the keeper, and the
-    keeper's children (a capsule forked from the keeper's zygote has its command line)."""
+def capsule_processes(me: psutil.Process, before: set[int]) -> list[psutil.Process]:
+    """This process's capsules started since ``before`` (the pids below it then: another
+    test's helpers may still run in this process): its children but the audit writer and
+    the keeper, and the keeper's children (a capsule forked from the keeper's zygote has
+    its command line)."""
     found: list[psutil.Process] = []
     for child in me.children():
         with contextlib.suppress(psutil.Error):
@@ -132,11 +134,12 @@ def capsule_processes(me: psutil.Process) -> list[psutil.Process]:
                 found.extend(child.children(recursive=True))
                 continue
             found.append(child)
-    return found
+    return [p for p in found if p.pid not in before]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_crash_looping_tool_becomes_unavailable_then_retries() -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     async with Host.open(LAB, policy=policy("crashloop")) as host:
         recorder = Recorder(host)
         for _ in range(3):
@@ -157,7 +160,7 @@ async def test_a_crash_looping_tool_becomes_unavailable_then_retries() -> None:
             await host.call("bump")
         assert sum(me.cpu_times()[:2]) - cpu < 0.5, "no busy loop while unavailable"
         assert len(recorder.of("capsule_started")) == started
-        assert not capsule_processes(me), "no capsule runs while the circuit is open"
+        assert not capsule_processes(me, before), "no capsule runs while the circuit is open"
         supervisor: Any = host.default_session.supervisor
         await wait_until(
             lambda: time.monotonic() >= supervisor._open_until, what="the circuit to close"
