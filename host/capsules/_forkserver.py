@@ -68,32 +68,42 @@ class ForkUnavailable(Exception):
         """The server said why it would not (an ``N<reason>`` line), rather than failing."""
 
 
+def start_helper(command: list[str], *, cwd: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a per-host helper (the fork server, the keeper) in a session of its own, with
+    the scrubbed environment and the other end of a ``SOCK_SEQPACKET`` pair as its stdin;
+    returns it and the host's end of the pair (non-blocking)."""
+    protect_host()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=theirs.fileno(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env=_wasm.child_env(),
+            start_new_session=True,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    ours.setblocking(False)
+    return process, ours
+
+
 class _Server:
     """One fork server process and the host's end of its socket."""
 
     def __init__(self, cwasm: str) -> None:
-        protect_host()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.process = subprocess.Popen(
-                [
-                    *(sys.executable, "-I", "-S", str(_wasm.CHILD), "zygote"),
-                    *(str(os.getpid()), _wasm.wasmtime_root(), cwasm),
-                ],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd=str(_wasm.HOST_ROOT),
-                env=_wasm.child_env(),
-                start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self.socket = ours
+        self.process, self.socket = start_helper(
+            [
+                *(sys.executable, "-I", "-S", str(_wasm.CHILD), "zygote"),
+                *(str(os.getpid()), _wasm.wasmtime_root(), cwasm),
+            ],
+            cwd=str(_wasm.HOST_ROOT),
+        )
         self.sending = anyio.Lock()
         self.users = 0
 

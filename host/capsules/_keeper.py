@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -42,9 +41,7 @@ import anyio
 
 import capsule
 
-from . import _wasm
-from ._forkserver import ForkedProcess, ForkUnavailable, read_pid, send_request
-from ._process import protect_host
+from ._forkserver import ForkedProcess, ForkUnavailable, read_pid, send_request, start_helper
 
 __all__ = [
     "CHILD",
@@ -90,8 +87,6 @@ class _Keeper:
     """The keeper process and the host's end of its socket."""
 
     def __init__(self) -> None:
-        protect_host()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # As the zygote, the keeper imports the capsule runtime as a capsule would (with
         # site-packages, for msgpack); otherwise it needs only the standard library.
         command = (
@@ -99,23 +94,7 @@ class _Keeper:
             if zygote_wanted()
             else [sys.executable, "-I", "-S", str(CHILD), str(os.getpid())]
         )
-        try:
-            self.process = subprocess.Popen(
-                command,
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd="/",
-                env=_wasm.child_env(),
-                start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self.socket = ours
+        self.process, self.socket = start_helper(command, cwd="/")
         self.sending = anyio.Lock()
         self.users = 0
 
