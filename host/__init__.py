@@ -6,6 +6,9 @@ other module, the wings (``host.declare``, ``host.policy``, ``host.audit``,
 included, is private and may change. ARCHITECTURE.md maps them.
 """
 
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _version
+
 from . import errors as errors
 from ._events import Event as Event
 from ._host import Host as Host
@@ -56,6 +59,12 @@ from .policy import decide as decide
 from .policy import lint_policy as lint_policy
 from .policy import load_policy as load_policy
 from .settings import Limits as Limits
+
+try:
+    __version__: str = _version("toolhost")
+    """The installed distribution's version: the one source is ``pyproject.toml``."""
+except _NotInstalled:  # run from a tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = (
     # the host

@@ -156,6 +156,11 @@ def project_dir(args: argparse.Namespace) -> Path:
             raise UsageError(f"--project {args.project}: no such folder")
         return path
     path, bundled = default_project()
+    if bundled and not path.is_dir():  # an installed wheel: the example lives in the repository
+        raise UsageError(
+            "no project here (no tools/ or src/tools/ in this folder): start one with "
+            "'toolhost init DIR' and run from it, or name one with --project DIR"
+        )
     if bundled:
         print(
             f"toolhost: no tools/ here; using the bundled example project {path}", file=sys.stderr

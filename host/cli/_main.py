@@ -11,7 +11,6 @@ of sub-commands and runs the one asked for.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import platform
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -19,6 +18,7 @@ from typing import Any, NoReturn
 
 import anyio
 
+from host import __version__
 from host.errors import HostError
 
 from ._call import CALL_COMMANDS
@@ -45,11 +45,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
 
 
 def _version() -> str:
-    try:
-        version = importlib.metadata.version("toolhost")
-    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
-        version = "(not installed)"
-    return f"toolhost {version} (Python {platform.python_version()}, {sys.executable})"
+    return f"toolhost {__version__} (Python {platform.python_version()}, {sys.executable})"
 
 
 def _parser() -> argparse.ArgumentParser:

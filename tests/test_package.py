@@ -1,0 +1,309 @@
+"""What users install: the wheel and the sdist that ``python -m build`` makes.
+
+The wheel's file list is held against the source tree, so a sub-package or a data file
+can never be left out again. The smoke test installs the wheel, not editable, into a new
+virtual environment in a folder outside the checkout, and runs the installed ``toolhost``
+from there: ``--version``, a tool call, ``exec`` (code mode), ``serve`` over stdio with
+the official MCP client, and ``inbox`` serving its page.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+import tomllib
+import urllib.parse
+import urllib.request
+import venv
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("host", "capsule")
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".agent",
+    ".pytest_cache", ".ruff_cache", "artifacts", "site",
+)  # fmt: skip
+
+
+def _version() -> str:
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        return str(tomllib.load(file)["project"]["version"])
+
+
+def package_files() -> set[str]:
+    """Every file of the packages in the source tree, as a wheel names it."""
+    files: set[str] = set()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*"):
+            relative = path.relative_to(ROOT)
+            if path.is_file() and "__pycache__" not in relative.parts and path.suffix != ".pyc":
+                files.add(relative.as_posix())
+    return files
+
+
+@dataclass(frozen=True)
+class Dists:
+    wheel: Path
+    sdist: Path
+    log: str
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+    """``python -m build`` on a copy of the checkout (the build writes beside its source,
+    and tests in parallel must not share that): the sdist, then the wheel built from it."""
+    source = tmp_path_factory.mktemp("source") / "toolhost"
+    shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    return Dists(wheel=wheel, sdist=sdist, log=done.stdout + done.stderr)
+
+
+def test_the_build_has_no_warnings(dists: Dists) -> None:
+    """setuptools prints its warnings between ``!!`` lines (a deprecated setting, a
+    folder of modules that no package setting takes in)."""
+    assert "!!" not in dists.log, dists.log
+
+
+def test_the_wheel_holds_every_file_of_the_packages_and_nothing_else(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as wheel:
+        names = set(wheel.namelist())
+    info = f"toolhost-{_version()}.dist-info/"
+    shipped = {name for name in names if not name.startswith(info)}
+    expected = package_files()
+    assert not expected - shipped, f"left out of the wheel: {sorted(expected - shipped)}"
+    assert not shipped - expected, f"in the wheel but not the source: {sorted(shipped - expected)}"
+    # the data files the host reads at run time are among them
+    for data in ("host/py.typed", "capsule/py.typed", "host/serve/static/inbox.html"):
+        assert data in shipped
+    with zipfile.ZipFile(dists.wheel) as wheel:
+        entry_points = wheel.read(info + "entry_points.txt").decode()
+        metadata = wheel.read(info + "METADATA").decode()
+    assert "toolhost = host.cli:main" in entry_points
+    assert f"Version: {_version()}" in metadata
+    assert "License-Expression: MIT" in metadata
+
+
+def test_the_sdist_holds_the_packages_and_what_builds_them(dists: Dists) -> None:
+    prefix = f"toolhost-{_version()}/"
+    with tarfile.open(dists.sdist) as sdist:
+        names = {name.removeprefix(prefix) for name in sdist.getnames()}
+    expected = package_files() | {"pyproject.toml", "README.md", "CHANGELOG.md"}
+    assert not expected - names, f"left out of the sdist: {sorted(expected - names)}"
+
+
+# -- the installed wheel, outside the checkout ----------------------------------------------
+
+TOOL = '''\
+def greet(name: str) -> str:
+    """Greet someone by name."""
+    return f"hello {name}"
+
+
+def secret_plan() -> str:
+    """Nobody may call this."""
+    return "the plan"
+'''
+
+POLICY = """\
+version = 1
+
+[defaults]
+agent = "allow"
+
+[[rules]]
+id = "no-plans"
+tools = ["secret_plan"]
+decision = "deny"
+reason = "Plans are private."
+"""
+
+
+@dataclass(frozen=True)
+class Installed:
+    bin: Path
+    project: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin / "toolhost"), *args],
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+@pytest.fixture(scope="module")
+def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """The wheel installed (not editable) into a new venv outside the checkout."""
+    place = tmp_path_factory.mktemp("installed")
+    assert not place.resolve().is_relative_to(ROOT)
+    venv.create(place / "venv", with_pip=True)
+    bin_dir = place / "venv" / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["TOOLHOST_CACHE"] = str(place / "cache")  # nothing shared with the checkout's runs
+    done = subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "-q", str(dists.wheel)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    project = place / "project"
+    (project / "tools").mkdir(parents=True)
+    (project / "tools" / "words.py").write_text(TOOL, encoding="utf-8")
+    (project / "policy.toml").write_text(POLICY, encoding="utf-8")
+    yield Installed(bin=bin_dir, project=project, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_installed_wheel_runs_outside_the_checkout(installed: Installed) -> None:
+    where = subprocess.run(
+        [str(installed.bin / "python"), "-c", "import host, capsule; print(host.__file__)"],
+        cwd=installed.project,
+        env=installed.env,
+        capture_output=True,
+        text=True,
+    )
+    assert where.returncode == 0, where.stderr
+    assert "site-packages" in where.stdout and not Path(where.stdout.strip()).is_relative_to(ROOT)
+
+    version = installed.run("--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith(f"toolhost {_version()} ")
+
+    call = installed.run("call", "greet", "world", "--json")
+    assert json.loads(call.stdout) == {"ok": True, "value": "hello world"}, call.stderr
+    denied = installed.run("call", "secret_plan", "--json")
+    assert denied.returncode == 1
+    assert json.loads(denied.stdout)["error"]["kind"] == "policy_denied", denied.stdout
+
+    code = installed.project / "run.py"
+    code.write_text('word = await greet("sandbox")\nprint(word.upper())\n', encoding="utf-8")
+    ran = installed.run("exec", str(code), "--json")
+    out = json.loads(ran.stdout)
+    assert out["ok"] is True and out["stdout"] == "HELLO SANDBOX\n", ran.stdout + ran.stderr
+    assert [c["tool"] for c in out["calls"]] == ["greet"]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_no_project_says_how_to_get_one(installed: Installed, tmp_path: Path) -> None:
+    """An installed wheel has no bundled example: without a project the CLI says what
+    to do instead of naming a folder that does not exist."""
+    done = subprocess.run(
+        [str(installed.bin / "toolhost"), "call", "greet", "x"],
+        cwd=tmp_path,
+        env=installed.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "toolhost init" in done.stderr and "--project" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_installed_wheel_serves_mcp_over_stdio(installed: Installed) -> None:
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(
+        command=str(installed.bin / "toolhost"),
+        args=["serve"],
+        cwd=str(installed.project),
+        env=installed.env,
+    )
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write) as client,
+    ):
+        await client.initialize()
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        assert "greet" in names and "run_code" in names
+        result = await client.call_tool("greet", {"name": "mcp"})
+        assert not result.is_error
+        assert result.structured_content == {"result": "hello mcp"}
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_installed_wheel_serves_the_inbox_page(installed: Installed) -> None:
+    inbox = subprocess.Popen(
+        [str(installed.bin / "toolhost"), "inbox", "--port", "0"],
+        cwd=installed.project,
+        env=installed.env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert inbox.stderr is not None
+        line = ""
+        while "approval inbox at " not in line:
+            line = inbox.stderr.readline()
+            assert line, "toolhost inbox ended without a URL"
+        url = line.split("approval inbox at ", 1)[1].strip()
+        base = url.split("/inbox/", 1)[0]
+        opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+        )
+        with opener.open(url, timeout=30) as response:  # the token for a cookie
+            assert response.status == 200
+        with opener.open(base + "/inbox/", timeout=30) as response:
+            page = response.read().decode()
+            assert response.status == 200
+        assert "csrf" in page, page[:2000]
+        assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', page)
+        assert len(assets) >= 2, page[:2000]
+        for asset in assets:  # the static files ship in the wheel and are served from it
+            with opener.open(urllib.parse.urljoin(base + "/inbox/", asset), timeout=30) as r:
+                assert r.status == 200 and len(r.read()) > 100, asset
+    finally:
+        inbox.terminate()
+        inbox.wait(timeout=30)
+        if inbox.stderr is not None:
+            inbox.stderr.close()
+
+
+def test_the_smoke_project_is_plain(tmp_path: Path) -> None:
+    """The smoke test's project is what a user writes: it lints clean in the checkout."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "words.py").write_text(TOOL, encoding="utf-8")
+    (tmp_path / "policy.toml").write_text(textwrap.dedent(POLICY), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", "from host.cli import main; main()", "policy", "lint",
+         "--project", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
