@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import textwrap
 import tomllib
 import urllib.parse
 import urllib.request
@@ -114,30 +113,6 @@ def test_the_sdist_holds_the_packages_and_what_builds_them(dists: Dists) -> None
 
 # -- the installed wheel, outside the checkout ----------------------------------------------
 
-TOOL = '''\
-def greet(name: str) -> str:
-    """Greet someone by name."""
-    return f"hello {name}"
-
-
-def secret_plan() -> str:
-    """Nobody may call this."""
-    return "the plan"
-'''
-
-POLICY = """\
-version = 1
-
-[defaults]
-agent = "allow"
-
-[[rules]]
-id = "no-plans"
-tools = ["secret_plan"]
-decision = "deny"
-reason = "Plans are private."
-"""
-
 
 @dataclass(frozen=True)
 class Installed:
@@ -174,11 +149,16 @@ def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    project = place / "project"
-    (project / "tools").mkdir(parents=True)
-    (project / "tools" / "words.py").write_text(TOOL, encoding="utf-8")
-    (project / "policy.toml").write_text(POLICY, encoding="utf-8")
-    yield Installed(bin=bin_dir, project=project, env=env)
+    made = subprocess.run(
+        [str(bin_dir / "toolhost"), "init", "project"],
+        cwd=place,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    yield Installed(bin=bin_dir, project=place / "project", env=env)
 
 
 @pytest.mark.slow
@@ -198,18 +178,21 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed: Installed) -> 
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith(f"toolhost {_version()} ")
 
-    call = installed.run("call", "greet", "world", "--json")
-    assert json.loads(call.stdout) == {"ok": True, "value": "hello world"}, call.stderr
-    denied = installed.run("call", "secret_plan", "--json")
+    call = installed.run("call", "add", "buy milk", "--json")
+    assert json.loads(call.stdout) == {"ok": True, "value": {"id": 1, "text": "buy milk"}}
+    denied = installed.run("call", "add", "password: x", "--json")
     assert denied.returncode == 1
-    assert json.loads(denied.stdout)["error"]["kind"] == "policy_denied", denied.stdout
+    assert json.loads(denied.stdout)["error"]["rule"] == "no-passwords", denied.stdout
 
     code = installed.project / "run.py"
-    code.write_text('word = await greet("sandbox")\nprint(word.upper())\n', encoding="utf-8")
+    code.write_text('await add("ada@example.com")\nprint(await find("ada"))\n', encoding="utf-8")
     ran = installed.run("exec", str(code), "--json")
     out = json.loads(ran.stdout)
-    assert out["ok"] is True and out["stdout"] == "HELLO SANDBOX\n", ran.stdout + ran.stderr
-    assert [c["tool"] for c in out["calls"]] == ["greet"]
+    assert out["ok"] is True, ran.stdout + ran.stderr
+    assert out["stdout"] == "[{'id': 1, 'text': '<email>'}]\n"  # the project's hook ran
+    assert out["check"]["status"] == "clean"  # the checker (pyright) ships and runs
+    lint = installed.run("policy", "lint")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 @pytest.mark.slow
@@ -218,7 +201,7 @@ def test_no_project_says_how_to_get_one(installed: Installed, tmp_path: Path) ->
     """An installed wheel has no bundled example: without a project the CLI says what
     to do instead of naming a folder that does not exist."""
     done = subprocess.run(
-        [str(installed.bin / "toolhost"), "call", "greet", "x"],
+        [str(installed.bin / "toolhost"), "call", "add", "x"],
         cwd=tmp_path,
         env=installed.env,
         capture_output=True,
@@ -249,10 +232,12 @@ async def test_the_installed_wheel_serves_mcp_over_stdio(installed: Installed) -
     ):
         await client.initialize()
         names = [tool.name for tool in (await client.list_tools()).tools]
-        assert "greet" in names and "run_code" in names
-        result = await client.call_tool("greet", {"name": "mcp"})
+        assert {"add", "find", "remove", "word_count", "run_code"} <= set(names)
+        result = await client.call_tool("word_count", {"text": "over MCP"})
         assert not result.is_error
-        assert result.structured_content == {"result": "hello mcp"}
+        assert result.structured_content == {"result": 2}
+        denied = await client.call_tool("add", {"text": "a passwd"})
+        assert denied.is_error
 
 
 @pytest.mark.slow
@@ -292,18 +277,3 @@ def test_the_installed_wheel_serves_the_inbox_page(installed: Installed) -> None
         inbox.wait(timeout=30)
         if inbox.stderr is not None:
             inbox.stderr.close()
-
-
-def test_the_smoke_project_is_plain(tmp_path: Path) -> None:
-    """The smoke test's project is what a user writes: it lints clean in the checkout."""
-    (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "words.py").write_text(TOOL, encoding="utf-8")
-    (tmp_path / "policy.toml").write_text(textwrap.dedent(POLICY), encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-c", "from host.cli import main; main()", "policy", "lint",
-         "--project", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr

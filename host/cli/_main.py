@@ -25,6 +25,7 @@ from ._call import CALL_COMMANDS
 from ._common import Subparsers, UsageError, dumps
 from ._exec import EXEC_COMMANDS
 from ._hooks import HOOKS_COMMANDS
+from ._init import INIT_COMMANDS
 from ._policy import POLICY_COMMANDS
 from ._scope import SCOPE_COMMANDS
 from ._serve import SERVE_COMMANDS
@@ -33,6 +34,7 @@ from ._store import STORE_COMMANDS
 __all__ = ["main", "COMMANDS"]
 
 COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
+    *INIT_COMMANDS,
     *CALL_COMMANDS,
     *EXEC_COMMANDS,
     *SCOPE_COMMANDS,
