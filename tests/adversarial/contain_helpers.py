@@ -16,6 +16,7 @@ caches) inside it. Processes are watched with psutil, from this (root) process.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import pwd
@@ -36,6 +37,8 @@ from typing import Any, TypedDict
 
 import psutil
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: host scripts run from it, so they import its ``host``."""
@@ -70,6 +73,8 @@ class Account:
     python: str
     """The interpreter that can run a host as this account (with this checkout's
     dependencies)."""
+    workdir: Path
+    """Where its hosts run: the checkout when the account can read it."""
     home: Path
     """Its home folder and caches, shared by the session's tests (warm caches)."""
     labs: Path
@@ -97,17 +102,26 @@ def as_user(uid: int, gid: int) -> Who:
     return Who(user=uid, group=gid, extra_groups=[])
 
 
-def _user_python(base: Path, uid: int, gid: int) -> str:
-    """An interpreter the user can run with this checkout's dependencies: ours if it can,
-    else a venv of the system's Python of the same version that adds our packages."""
-    probe = [sys.executable, "-I", "-c", "import anyio, msgpack, pydantic, wasmtime"]
+_PROBE = "import anyio, msgpack, pydantic, wasmtime, host, capsule"
+
+
+def _user_python(base: Path, uid: int, gid: int) -> tuple[str, Path]:
+    """An interpreter the user can run a host with, and the folder to run it in.
+
+    Ours, from the checkout, when the user can read both (then the hosts import the
+    checkout's ``host``). Else (a checkout or venv in a private folder: root's home, a
+    ``mktemp -d``) a venv of its own in ``base`` that the user can read: the system's
+    Python of the same version, with the checkout's packages and every distribution they
+    and the tests need linked (or copied) in, so nothing of a private folder is needed.
+    """
+    probe = [sys.executable, "-I", "-c", _PROBE]
     try:
-        done = subprocess.run(probe, **as_user(uid, gid), capture_output=True, cwd="/", check=False)
+        done = subprocess.run(probe, **as_user(uid, gid), capture_output=True, cwd=ROOT)
     except PermissionError:
-        pass  # its folder is private
+        pass  # its folder, or the checkout, is private
     else:
         if done.returncode == 0:
-            return sys.executable
+            return sys.executable, ROOT
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     system = next(
         (
@@ -125,19 +139,66 @@ def _user_python(base: Path, uid: int, gid: int) -> str:
     venv = base / "venv"
     subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-    ours = sysconfig.get_path("purelib")
-    (site / "_toolhost_tests.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    for dist in _distributions("toolhost", extras=("test", "data")):
+        if canonicalize_name(dist.metadata["Name"]) == "toolhost":
+            continue  # an editable install points into the checkout: its packages follow
+        for file in dist.files or ():
+            if file.parts[:1] == ("..",):
+                continue  # scripts and data outside site-packages
+            _link(Path(str(dist.locate_file(file))), site / file)
+    for package in ("host", "capsule"):
+        for source in (ROOT / package).rglob("*"):
+            if source.is_file() and "__pycache__" not in source.parts:
+                _link(source, site / source.relative_to(ROOT), copy=True)
     python = str(venv / "bin" / "python")
     done = subprocess.run(
-        [python, *probe[1:]],
-        **as_user(uid, gid),
-        capture_output=True,
-        cwd="/",
-        check=False,
+        [python, "-I", "-c", _PROBE], **as_user(uid, gid), capture_output=True, cwd=base
     )
     if done.returncode != 0:
         pytest.fail(f"the unprivileged user cannot run a host: {done.stderr.decode()[-800:]}")
-    return python
+    return python, base
+
+
+def _distributions(
+    name: str, extras: Iterable[str] = ()
+) -> Iterator[importlib.metadata.Distribution]:
+    """``name``'s installed distribution and those it requires (with ``extras``), each once;
+    requirements that are not installed are left out."""
+    seen: dict[str, set[str]] = {}
+    todo: list[tuple[str, set[str]]] = [(name, set(extras))]
+    while todo:
+        wanted, wanted_extras = todo.pop()
+        try:
+            dist = importlib.metadata.distribution(wanted)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        key = canonicalize_name(dist.metadata["Name"])
+        done = seen.get(key)
+        if done is not None and wanted_extras <= done:
+            continue
+        if done is None:
+            yield dist
+        seen[key] = (done or set()) | wanted_extras
+        for text in dist.requires or ():
+            requirement = Requirement(text)
+            marker = requirement.marker
+            if marker is None or any(marker.evaluate({"extra": e}) for e in {"", *wanted_extras}):
+                todo.append((requirement.name, set(requirement.extras)))
+
+
+def _link(source: Path, target: Path, *, copy: bool = False) -> None:
+    """``target`` as a hard link to ``source`` (a copy across file systems, or asked)."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if not copy:
+        try:
+            os.link(source, target)
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    shutil.copy2(source, target)
+    target.chmod(0o644 | (source.stat().st_mode & 0o111))
 
 
 def _create_user() -> tuple[str, int, int]:
@@ -178,7 +239,7 @@ def accounts() -> Iterator[dict[str, Account]]:
         accounts: dict[str, Account] = {}
         if os.geteuid() == 0:
             accounts["root"] = Account(
-                "root", 0, 0, sys.executable, Path(os.environ.get("HOME", "/root")), base
+                "root", 0, 0, sys.executable, ROOT, Path(os.environ.get("HOME", "/root")), base
             )
             created = _create_user()
             name, uid, gid = created
@@ -188,7 +249,8 @@ def accounts() -> Iterator[dict[str, Account]]:
         home = base / "home"
         home.mkdir(mode=0o700)
         os.chown(home, uid, gid)
-        accounts["user"] = Account(name, uid, gid, _user_python(base, uid, gid), home, base)
+        python, workdir = _user_python(base, uid, gid)
+        accounts["user"] = Account(name, uid, gid, python, workdir, home, base)
         yield accounts
     finally:
         if created is not None:
@@ -219,7 +281,7 @@ def toolhost(account: Account, *args: str, env: dict[str, str]) -> subprocess.Co
         [account.python, "-c", "from host.cli import main; main()", *args],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=account.workdir,
         env=env,
         **as_user(account.uid, account.gid),
         stdin=subprocess.DEVNULL,
@@ -355,7 +417,7 @@ class Lab:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=ROOT,
+            cwd=self.account.workdir,
             env=env if env is not None else self.env(),
             **as_user(self.account.uid, self.account.gid),
             start_new_session=True,

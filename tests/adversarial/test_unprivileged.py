@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -86,5 +88,61 @@ def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
         tail = (done.stdout + done.stderr)[-6000:]
         assert done.returncode == 0, tail
         assert " passed" in done.stdout and " failed" not in done.stdout, tail
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+PRIVATE = (
+    "tests/adversarial/test_c_state.py::test_a_tool_cannot_touch_the_hosts_state_tools_or_policy"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hosts_run_as_the_user_from_a_checkout_in_a_private_folder() -> None:
+    """A checkout in a folder only root may enter (root's home, a ``mktemp -d``): the
+    unprivileged user's hosts get an interpreter and packages of their own that it can
+    read (``contain_helpers._user_python``), and run where it can enter. Before, such a
+    checkout failed every test run as the user (``No module named 'anyio'``)."""
+    if os.geteuid() != 0:
+        pytest.skip("the tests already run as an unprivileged user: nothing to add")
+    folder = Path(tempfile.mkdtemp(prefix="private-checkout-"))
+    try:
+        assert folder.stat().st_mode & 0o777 == 0o700
+        checkout = folder / "checkout"
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".hypothesis")
+        for name in COPIED:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, checkout / name, ignore=ignore)
+            elif source.exists():
+                checkout.mkdir(exist_ok=True)
+                shutil.copy2(source, checkout / name)
+        # The README's venv lives in the checkout: one in the private folder, whose
+        # site-packages adds ours (root reads it; the user cannot even see the .pth).
+        venv = folder / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+        ours = sysconfig.get_path("purelib")
+        (site / "_ours.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        done = subprocess.run(
+            [
+                *(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+                "-x",
+                *("-k", "user", PRIVATE),
+            ],
+            cwd=checkout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=540,
+            check=False,
+        )
+        tail = (done.stdout + done.stderr)[-6000:]
+        assert done.returncode == 0, tail
+        assert "1 passed" in done.stdout, tail
     finally:
         shutil.rmtree(folder, ignore_errors=True)
