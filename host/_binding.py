@@ -2,8 +2,8 @@
 
 The signature comes from discovery (the host never imports tool modules). Binding maps
 positional arguments to names and applies literal defaults, so policy and approvers see
-every value the tool will receive by name. Each value must be plain data (README, "What
-crosses the boundary"); the bound map is encoded once, and those bytes are what the
+every value the tool will receive by name. Each value must be plain data (docs/tools.md,
+"What crosses the boundary"); the bound map is encoded once, and those bytes are what the
 capsule receives.
 
 A default is applied here only when it is a literal the wire carries unchanged; any other

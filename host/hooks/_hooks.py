@@ -1,4 +1,4 @@
-"""Hooks around every tool call, in the Standard Agents order (README, "Hooks").
+"""Hooks around every tool call, in the Standard Agents order (docs/context-and-hooks.md, "Hooks").
 
 Order of one call that runs: the ``tool_call_started`` event, then the
 ``tool_call_started`` hooks (observe; the call waits for them at most

@@ -2,7 +2,7 @@
 
 :func:`decide` is pure: it reads nothing but its arguments and does nothing but return a
 :class:`Decision`, so ``toolhost policy check`` and tests call it directly, and the
-mediator wraps it and enforces what it says (README, "Policy file").
+mediator wraps it and enforces what it says (docs/policy.md, "Policy file").
 
 The rules:
 

@@ -1,4 +1,4 @@
-"""The policy files, parsed into pydantic models (README, "Policy file").
+"""The policy files, parsed into pydantic models (docs/policy.md, "Policy file").
 
 ``policy.toml`` plus ``policies/*.toml`` are read and validated here; a malformed file is a
 :class:`PolicyFileError` naming the file, the line and the field, and the host refuses to

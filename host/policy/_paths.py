@@ -9,7 +9,7 @@ the glob (itself joined to the base and normalised, so it may be written relativ
 it). A glob ending in ``/**`` also matches the folder itself.
 
 What cannot be read as a path counts against the caller, as every unclear case does
-(README, "Policy file"): a NUL byte, bytes or a container, a relative path with no base
+(docs/policy.md, "Policy file"): a NUL byte, bytes or a container, a relative path with no base
 that climbs out (``../x``) or is compared with an absolute glob (where it points depends
 on the tool's working folder).
 """

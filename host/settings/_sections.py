@@ -49,7 +49,7 @@ class _Model(BaseModel):
 
 
 class Limits(_Model):
-    """``[limits]``: time, memory, call and output budgets (README, "Policy file")."""
+    """``[limits]``: time, memory, call and output budgets (docs/policy.md, "Policy file")."""
 
     call_timeout: Duration = 60.0
     """Seconds one tool call may take; on expiry the capsule is killed and restarted."""
@@ -228,7 +228,7 @@ the extra ``toolhost[data]``)."""
 CODE_MEMORY_DEFAULTS: Mapping[str, int] = {"default": 256 * 1024**2, "data": 1024**3}
 """``[limits] code_memory`` when the policy leaves it unset, by runtime: the data runtime
 starts at 40 MiB of memory and importing pandas takes it to about 72 MiB, the scientific
-stack to about 100 MiB, before any data (README, "The data runtime")."""
+stack to about 100 MiB, before any data (docs/code-mode.md, "The data runtime")."""
 
 DATA_INSTALL = 'pip install "toolhost[data]"'
 """What installs the data runtime."""
@@ -344,7 +344,7 @@ def _check_store_url(url: str, where: str) -> str:
 
 
 class StoreConfig(_Model):
-    """``[store]``: where the host keeps its state (README, "Several hosts on one
+    """``[store]``: where the host keeps its state (docs/stores.md, "Several hosts on one
     PostgreSQL"). Without it the host uses SQLite in ``.agent/state.db``."""
 
     url: str | EnvRef | None = None
