@@ -63,6 +63,8 @@ __all__ = ["main", "ERRORS"]
 
 _CO_COROUTINE = 0x80
 _MAX_TEXT = 64 * 1024
+_TB_ENDS = 100
+"""Frames of agent code a traceback shows at each end of the stack; the middle is counted."""
 _MAX_WARNINGS = 50
 
 
@@ -430,8 +432,21 @@ def _traceback(exc: BaseException) -> str:
 
         _SANDBOX.share_sources()
         files = _SANDBOX.agent_files
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in files]
-        lines = traceback.format_list(frames)
+        ours: list[tuple[Any, int]] = []  # (frame, line) of the agent's own code
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename in files:
+                ours.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+        # A deep recursion leaves 10**5 frames or more: reading the source lines of each
+        # took seconds in the guest. The ends of the stack say where it went wrong.
+        cut = len(ours) - 2 * _TB_ENDS
+        ends = [ours[:_TB_ENDS], ours[-_TB_ENDS:]] if cut > 0 else [ours]
+        lines: list[str] = []
+        for i, part in enumerate(ends):
+            if i:
+                lines.append(f"  ... {cut} more frames of the same run ...\n")
+            lines += traceback.StackSummary.extract(iter(part)).format()
         lines += traceback.format_exception_only(type(exc), exc)
         text = "Traceback (most recent call last):\n" + "".join(lines)
     except BaseException:  # a hostile __str__: never let it escape

@@ -472,4 +472,16 @@ async def test_awkward_values_and_deep_recursion(proj: Path) -> None:
             "import sys\nsys.setrecursionlimit(10**6)\ndef g(n):\n    return g(n + 1)\ng(0)"
         )
         assert not deeper.ok  # a RecursionError, or a stack-exhaustion trap: never the host
+        if deeper.error is not None and deeper.error.type == "RecursionError":
+            # 10**6 frames: the traceback shows the ends of the stack and counts the rest
+            # (reading every frame's source took the guest 10-30 s)
+            assert deeper.error.traceback is not None
+            assert "more frames of the same run ..." in deeper.error.traceback
+            assert deeper.error.traceback.count("line 4, in g") <= 2 * 4
+        # recursion through C code exhausts the guest's own stack: a trap, then a new sandbox
+        trap = await host.run_code(
+            "import sys\nsys.setrecursionlimit(10**6)\n"
+            "def h(n):\n    return list(map(h, [n + 1]))\nh(0)"
+        )
+        assert trap.error is not None and trap.error.kind in ("capsule_crashed", "exception")
         assert ok(await host.run_code("await add(1, 1)")) == 2

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import host.capsules._sandbox as sandbox_module
 from host import CodeResult, Host
 from tests.fixtures.e2e.helpers import wait_gone, wait_until
 from tests.test_wasm import wasm_data_prepared, wasm_prepared
@@ -181,10 +182,15 @@ async def test_a_forged_done_then_frames_between_runs(
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 async def test_code_still_computing_after_a_forged_done_is_stopped(
-    make_project: MakeProject, request: pytest.FixtureRequest, kind: str
+    make_project: MakeProject,
+    request: pytest.FixtureRequest,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After a forged ``done`` the code computes on, outside any run: the host kills the
-    guest once it has used ``code_timeout`` plus 5 s of CPU between runs."""
+    guest once it has used ``code_timeout`` plus the idle allowance (5 s; 1 s here, so
+    the spinning guest does not take a core for ten seconds) of CPU between runs."""
+    monkeypatch.setattr(sandbox_module, "_WARM_UP", 1.0)
     proj = project(make_project, kind, request)
     code = done(value="'forged'") + "while True:\n    pass"
     async with Host.open(proj, limits={"code_timeout": "1s"}) as host:

@@ -71,7 +71,7 @@ def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
         }
         done = subprocess.run(
             [
-                *(user.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+                *(user.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"),
                 *("-m", "not slow and not wasm", "-k", KEEP, "-x", *FILES),
             ],
             cwd=checkout,
@@ -130,7 +130,7 @@ def test_hosts_run_as_the_user_from_a_checkout_in_a_private_folder() -> None:
         done = subprocess.run(
             [
                 *(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"),
-                "-x",
+                *("-x", "-n", "0"),
                 *("-k", "user", PRIVATE),
             ],
             cwd=checkout,
