@@ -243,3 +243,17 @@ async def served(
 async def _deny(request: Any) -> bool:
     del request
     return False
+
+
+def error_of(result: types.CallToolResult) -> dict[str, Any]:
+    """The host's error data of a failed call, checked for what every client reads: an
+    ``isError`` result, ``KIND: MESSAGE`` as its text, and no structured content (which
+    a strict client holds against the tool's output schema)."""
+    assert result.is_error, result
+    assert result.structured_content is None, result
+    assert result.meta is not None, result
+    data: dict[str, Any] = result.meta["toolhost/error"]
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    assert block.text == f"{data['kind']}: {data['message']}", (block.text, data)
+    return data

@@ -287,6 +287,7 @@ async def test_mcp_run_code_takes_the_options_and_shows_the_check(proj: Path) ->
         assert done.structured_content is not None
         assert done.structured_content["value"] == 42, done.structured_content
         bad = await client.call_tool(RUN_CODE, {"code": "1", "globals": {"add": 1}})
+        # a refused option is a run's result: run_code's output schema describes it
         assert bad.is_error and bad.structured_content is not None
         assert bad.structured_content["error"]["kind"] == "invalid_arguments"
         unknown = await client.call_tool(RUN_CODE, {"code": "1", "nope": 1})

@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from host import ApprovalRequest, Host
 from host.serve import APPROVAL_SCHEMA, RUN_CODE, McpServer
 
-from .mcp_helpers import Recorder, connect, make_mcp_project, served, wait_for
+from .mcp_helpers import Recorder, connect, error_of, make_mcp_project, served, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -36,9 +36,7 @@ def text(result: types.CallToolResult) -> str:
 
 
 def error(result: types.CallToolResult) -> dict[str, Any]:
-    assert result.is_error, result
-    assert result.structured_content is not None
-    return result.structured_content["error"]
+    return error_of(result)
 
 
 async def test_tools_are_the_declarations(project: Path) -> None:

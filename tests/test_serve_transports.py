@@ -28,7 +28,7 @@ from host import ApprovalRequest
 from host.serve import RUN_CODE, ServeApp, asgi_app
 
 from .inbox_helpers import Served, served_app
-from .mcp_helpers import Recorder, make_mcp_project, wait_for
+from .mcp_helpers import Recorder, error_of, make_mcp_project, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
@@ -79,7 +79,7 @@ async def test_stdio(project: Path, server_backend: str) -> None:
         assert _structured(result)["value"] == ["first", "second"], result
         assert len(recorder.asked) == 2
         denied = await client.call_tool("wipe", {"folder": "/"})
-        assert denied.is_error and _structured(denied)["error"]["kind"] == "policy_denied"
+        assert error_of(denied)["kind"] == "policy_denied"
         (project / "tools" / "more.py").write_text(
             'def extra(word: str) -> str:\n    """Shout."""\n    return word.upper()\n'
         )

@@ -10,9 +10,12 @@ Pure functions over the scope: nothing here talks to a client or starts a capsul
   wrapped as ``{"result": value}``, the convention FastMCP uses too.
 * Bytes cross JSON as base64 strings (the schemas say ``contentEncoding: base64``):
   a parameter declared ``bytes`` takes one, and bytes in a result become one.
-* An error is a result with ``isError`` whose structured content is
-  ``{"error": {"kind": ..., "message": ..., ...}}``, the host's own error data (the
-  tool's traceback stays in the audit; secrets are replaced).
+* An error is a result with ``isError``, its kind and message as text content and no
+  structured content (which must conform to the output schema); the host's own error
+  data (``{"kind": ..., "message": ..., ...}``) rides in ``_meta["toolhost/error"]``
+  (the tool's traceback stays in the audit; secrets are replaced). A failed
+  ``run_code`` run is the exception: its structured content is its result, which its
+  output schema describes.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from host.declare import (
 from host.errors import HostError, InvalidArguments, NotSerializable
 
 __all__ = [
+    "ERROR_META",
     "RUN_CODE",
     "Listing",
     "ToolEntry",
@@ -371,8 +375,19 @@ def _text_content(text: str) -> list[types.ContentBlock]:
     return [types.TextContent(type="text", text=text)]
 
 
+ERROR_META: Final = "toolhost/error"
+"""The ``_meta`` key of an error result: the host's error data, for clients that want it."""
+
+
 def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallToolResult:
-    """A tool error as MCP sees it: ``isError``, the kind, a message; no traceback."""
+    """A failed call as MCP sees it: ``isError``, and its kind and message as text.
+
+    No structured content: the spec wants structured content to conform to the tool's
+    output schema, which describes the value, and strict clients (the TypeScript SDK's)
+    throw on an error result whose structured content does not. The error's data (kind,
+    message, rule, ...; never the tool's traceback) rides in ``_meta`` under
+    :data:`ERROR_META`, which every client may ignore.
+    """
     data = exc.to_data()
     data.pop("traceback", None)  # the tool's own frames: kept in the host, not sent
     clean: dict[str, Any] = {
@@ -382,7 +397,7 @@ def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallTool
     }
     text = f"{clean['kind']}: {clean['message']}"
     return types.CallToolResult(
-        content=_text_content(text), structured_content={"error": clean}, is_error=True
+        content=_text_content(text), meta={ERROR_META: clean}, is_error=True
     )
 
 

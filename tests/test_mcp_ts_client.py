@@ -1,0 +1,157 @@
+"""``toolhost serve`` as the official MCP TypeScript SDK client sees it.
+
+Most agent apps are built on ``@modelcontextprotocol/sdk``; its client validates every
+result against the tool's output schema and throws when structured content does not
+match. These tests run that client (``tests/ts_client``, Node, pinned in its
+``package-lock.json``; ``.ci/run`` installs it with ``npm ci``) against a real
+``toolhost serve`` over stdio and Streamable HTTP, and require every failure and every
+approval answer to reach it as a result it can read: ``isError`` with the message as
+text, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host.serve import asgi_app
+
+from .inbox_helpers import served_app
+from .mcp_helpers import make_mcp_project
+
+pytestmark = pytest.mark.subprocess
+
+HERE = Path(__file__).resolve().parent / "ts_client"
+CLIENT = HERE / "client.mjs"
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("these tests need Node.js (node) on PATH: apt-get install nodejs")
+    if not (HERE / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        pytest.fail(
+            "the TypeScript SDK client is not installed: npm ci --prefix tests/ts_client "
+            "(.ci/run does it)"
+        )
+    return node
+
+
+def run_client(plan: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [_node(), str(CLIENT), json.dumps(plan)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_mcp_project(tmp_path / "project")
+
+
+def stdio(project: Path) -> dict[str, Any]:
+    return {
+        "command": sys.executable,
+        "args": ["-c", "from host.cli import main; main()", "serve", "--project", str(project)],
+        "cwd": str(project),
+    }
+
+
+FAILURES: list[tuple[str, dict[str, Any], str]] = [
+    ("fail", {"message": "it broke"}, "tool_error"),
+    ("add", {"a": "two", "b": 3}, "invalid_arguments"),
+    ("add", {"a": 1}, "invalid_arguments"),
+    ("wipe", {"folder": "/"}, "policy_denied"),
+    ("nan", {}, "not_serializable"),
+    ("run_code", {"code": "1", "globals": {"add": 1}}, "invalid_arguments"),
+    ("run_code", {"code": "1", "memory_limit": "1KiB"}, "invalid_arguments"),
+]
+"""Failed calls, each a kind of failure, and the kind it reports."""
+
+
+def _assert_readable(call: dict[str, Any], kind: str) -> None:
+    assert call["threw"] is None, call  # the client read it
+    assert call["isError"] is True, call
+    if call["name"] == "run_code":  # a run's result, which run_code's output schema describes
+        assert call["structured"]["error"]["kind"] == kind, call
+        assert f"({kind})" in call["text"], call
+        return
+    assert call["structured"] is None, call
+    assert call["text"].startswith(f"{kind}: "), call
+    assert call["meta"]["toolhost/error"]["kind"] == kind, call
+
+
+def test_every_failure_reaches_the_typescript_client_as_a_result(project: Path) -> None:
+    calls = [{"name": n, "arguments": a} for n, a, _ in FAILURES]
+    calls += [
+        {"name": "add", "arguments": {"a": 2, "b": 3}},
+        {"name": "run_code", "arguments": {"code": "1 / 0"}},
+        {"name": "run_code", "arguments": {"code": "x = await add(1, 2)\nx * 2"}},
+    ]
+    out = run_client({"server": stdio(project), "calls": calls})
+    assert "add" in out["tools"] and "run_code" in out["tools"]
+    for call, (_, _, kind) in zip(out["calls"], FAILURES, strict=False):
+        _assert_readable(call, kind)
+    ok, failed_code, code = out["calls"][len(FAILURES) :]
+    assert ok["threw"] is None and not ok["isError"] and ok["structured"] == {"result": 5}
+    # a failed run is a run_code result: its structured content is what the schema says
+    assert failed_code["threw"] is None and failed_code["isError"] is True, failed_code
+    assert failed_code["structured"]["error"]["type"] == "ZeroDivisionError"
+    assert code["threw"] is None and code["structured"]["value"] == 6, code
+
+
+@pytest.mark.parametrize(
+    ("answer", "allowed", "said"),
+    [
+        ("accept:approve_once", True, None),
+        ("accept:deny", False, "denied it"),
+        ("decline", False, "answered decline"),
+        ("cancel", False, "answered cancel"),
+        ("none", False, None),
+    ],
+)
+def test_every_approval_answer_reaches_the_typescript_client(
+    project: Path, answer: str, allowed: bool, said: str | None
+) -> None:
+    plan = {
+        "server": stdio(project),
+        "elicitation": answer,
+        "calls": [{"name": "note", "arguments": {"text": "hello"}}],
+    }
+    out = run_client(plan)
+    (call,) = out["calls"]
+    if allowed:
+        assert call["threw"] is None and not call["isError"], call
+        assert call["structured"] == {"text": "hello", "length": 5}
+        assert len(out["asked"]) == 1 and "note" in out["asked"][0]
+        return
+    _assert_readable(call, "not_approved")
+    if said is not None:
+        assert said in call["text"], call
+    if answer == "none":
+        assert out["asked"] == []  # a client that cannot be asked is never asked
+    notes = project / "out" / "notes.log"
+    assert not notes.exists()  # the call never ran
+
+
+def test_failures_over_streamable_http(project: Path) -> None:
+    app = asgi_app(project)  # built outside any event loop: it opens the host in uvicorn's
+    with served_app(app) as served:
+        plan = {
+            "server": {"url": f"{served.base}/mcp"},
+            "calls": [{"name": n, "arguments": a} for n, a, _ in FAILURES[:4]],
+        }
+        out = run_client(plan)
+    for call, (_, _, kind) in zip(out["calls"], FAILURES[:4], strict=True):
+        _assert_readable(call, kind)
