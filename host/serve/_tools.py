@@ -396,9 +396,8 @@ def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallTool
         if v is None or isinstance(v, (str, int, float, bool))
     }
     text = f"{clean['kind']}: {clean['message']}"
-    return types.CallToolResult(
-        content=_text_content(text), meta={ERROR_META: clean}, is_error=True
-    )
+    meta: dict[str, Any] = {"_meta": {ERROR_META: clean}}  # the field's name on the wire
+    return types.CallToolResult(content=_text_content(text), is_error=True, **meta)
 
 
 def _file_content(files: Sequence[Attachment]) -> list[types.ContentBlock]:
