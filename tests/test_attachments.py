@@ -80,6 +80,11 @@ TOOLS = {
             return Attachment("../../etc/pic.png", "image/png", PNG, width=2, height=2)
 
 
+        def sound() -> Result[str]:
+            """A short recording and a transcript."""
+            return Result("hi", attachments=[Attachment("hi.wav", "audio/wav", b"RIFF....WAVE")])
+
+
         def clashing() -> Result[str]:
             same = Attachment("a.txt", "text/plain", b"one")
             return Result("two", attachments=[same, Attachment("a.txt", "text/plain", b"two")])
@@ -250,7 +255,7 @@ def test_the_command_line_shows_metadata_and_paths(make_project: Callable[..., P
     assert out["value"] == 1 and out["attachments"][0]["size"] == 2
 
 
-async def test_mcp_gets_image_and_resource_content(make_project: Callable[..., Path]) -> None:
+async def test_mcp_gets_image_audio_and_resource_content(make_project: Callable[..., Path]) -> None:
     project = make_project(tools=TOOLS, policy=POLICY)
     async with served(project) as server, connect(server) as client:
         result = await client.call_tool("picture", {})
@@ -268,3 +273,7 @@ async def test_mcp_gets_image_and_resource_content(make_project: Callable[..., P
         assert isinstance(blob, types.BlobResourceContents)
         assert base64.b64decode(blob.blob) == b"\x00" * 4
         assert str(blob.uri) == "toolhost-file:part_0.bin"
+        result = await client.call_tool("sound", {})
+        text, audio = result.content
+        assert isinstance(audio, types.AudioContent), audio  # audio/* as audio content
+        assert audio.mime_type == "audio/wav" and base64.b64decode(audio.data) == b"RIFF....WAVE"

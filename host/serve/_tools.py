@@ -401,13 +401,16 @@ def error_result(exc: HostError, redact: Callable[[str], str]) -> types.CallTool
 
 
 def _file_content(files: Sequence[Attachment]) -> list[types.ContentBlock]:
-    """Files a tool returned: an image as image content, anything else as an embedded
-    resource (its bytes base64, named by a ``toolhost-file:`` URI of its kept name)."""
+    """Files a tool returned, by kind: ``image/*`` as image content, ``audio/*`` as audio
+    content, anything else as an embedded resource (its bytes base64, named by a
+    ``toolhost-file:`` URI of its kept name)."""
     blocks: list[types.ContentBlock] = []
     for f in files:
         data = base64.b64encode(f.data).decode("ascii")
         if f.mime_type.startswith("image/"):
             blocks.append(types.ImageContent(type="image", data=data, mime_type=f.mime_type))
+        elif f.mime_type.startswith("audio/"):
+            blocks.append(types.AudioContent(type="audio", data=data, mime_type=f.mime_type))
         else:
             name = os.path.basename(f.path) if f.path else f.name
             blocks.append(
