@@ -27,7 +27,8 @@ from .mcp_helpers import make_mcp_project
 
 pytestmark = pytest.mark.subprocess
 
-HERE = Path(__file__).resolve().parent / "ts_client"
+ROOT = Path(__file__).resolve().parent.parent
+HERE = ROOT / "tests" / "ts_client"
 CLIENT = HERE / "client.mjs"
 
 
@@ -155,3 +156,61 @@ def test_failures_over_streamable_http(project: Path) -> None:
         out = run_client(plan)
     for call, (_, _, kind) in zip(out["calls"], FAILURES[:4], strict=True):
         _assert_readable(call, kind)
+
+
+TYPES = '''
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, TypedDict
+
+
+class Point(TypedDict):
+    """A point."""
+
+    x: float
+    y: float
+
+
+@dataclass
+class Box:
+    low: Point
+    high: Point
+    label: str | None = None
+
+
+def shapes(
+    points: list[Point],
+    mode: Literal["fast", "exact"] = "fast",
+    tags: dict[str, int] | None = None,
+    when: datetime | None = None,
+    data: bytes = b"",
+    *extra: int,
+    **named: str,
+) -> Box | None:
+    """Every kind of type a declaration may hold."""
+    return None
+
+
+def pair(a: int | str, b: tuple[int, str]) -> tuple[int, str] | list[float]:
+    """Unions, tuples."""
+    return b
+'''
+
+
+@pytest.mark.parametrize("which", ["mcp", "types", "agent_src"])
+def test_every_schema_compiles_under_ajv_strict_mode(tmp_path: Path, which: str) -> None:
+    """Ajv (draft 2020-12) in strict mode, as strict clients and the Inspector run it:
+    no warning and no error for any tool's input or output schema, run_code's included."""
+    if which == "mcp":
+        project = make_mcp_project(tmp_path / "project")
+    elif which == "types":
+        project = tmp_path / "project"
+        (project / "tools").mkdir(parents=True)
+        (project / "tools" / "types.py").write_text(TYPES, encoding="utf-8")
+    else:
+        project = ROOT / "agent_src"
+    out = run_client({"server": stdio(project), "calls": []})
+    assert "run_code" in out["tools"]
+    if which == "types":
+        assert {"shapes", "pair"} <= set(out["tools"]), out["tools"]
+    assert out["strict"] == [], json.dumps(out["strict"], indent=1)

@@ -88,7 +88,11 @@ _RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
         "ok": {"type": "boolean"},
-        "value": {"description": "The value of the last expression, as plain data."},
+        "value": {
+            "description": "The value of the last expression, as plain data.",
+            "anyOf": [{"type": t} for t in ("object", "array", "string", "number", "boolean")]
+            + [{"type": "null"}],
+        },
         "stdout": {"type": "string"},
         "error": {
             "anyOf": [
@@ -174,7 +178,7 @@ _RUN_CODE_INPUT: Final[dict[str, Any]] = {
             "has loaded; its return value is the result's value.",
         },
         "memory_limit": {
-            "type": ["integer", "string"],
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
             "description": 'Memory for this run, in bytes or like "64MiB"; at most the '
             "policy's code_memory. A new limit restarts the sandbox (variables are lost).",
         },
