@@ -52,6 +52,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.shared.message import ServerMessageMetadata
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from host._display import escape_text
@@ -93,7 +94,27 @@ APPROVAL_SCHEMA: Final[dict[str, Any]] = {
     },
     "required": ["decision"],
 }
-"""What the client's user is asked when a call escalates (a flat form, as MCP wants)."""
+"""What the client's user is asked when a call escalates (a flat form, as MCP wants):
+titled choices (``oneOf`` of ``const``), which protocol versions from 2025-11-25 define."""
+
+LEGACY_APPROVAL_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "description": "Let this tool call run?",
+            "enum": [c["const"] for c in APPROVAL_SCHEMA["properties"]["decision"]["oneOf"]],
+            "enumNames": [c["title"] for c in APPROVAL_SCHEMA["properties"]["decision"]["oneOf"]],
+        }
+    },
+    "required": ["decision"],
+}
+"""The same question for a client that negotiated 2025-06-18, the first version with
+elicitation: an ``enum`` of the choices (``enumNames`` their titles), and no ``mode``."""
+
+_TITLED_CHOICES: Final = "2025-11-25"
+"""The first protocol version whose elicitation has ``mode`` and titled choices."""
 
 _ANSWERS: Final[dict[str, tuple[bool, Literal["once", "session", "always"]]]] = {
     "approve_once": (True, "once"),
@@ -338,9 +359,19 @@ def _question(request: ApprovalRequest) -> str:
 async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
     """Ask the user of the client that made the call, on that call's own stream."""
     ctx = current.ctx
-    result = await ctx.session.elicit_form(
-        _question(request), APPROVAL_SCHEMA, related_request_id=ctx.request_id
-    )
+    if ctx.session.protocol_version >= _TITLED_CHOICES:  # versions are dates: they sort
+        result = await ctx.session.elicit_form(
+            _question(request), APPROVAL_SCHEMA, related_request_id=ctx.request_id
+        )
+    else:  # the form 2025-06-18 defines: no mode, an enum of the choices
+        params = types.ElicitRequestFormParams.model_construct(
+            message=_question(request), requested_schema=LEGACY_APPROVAL_SCHEMA, mode=None
+        )  # mode None: left out of the request, which drops None fields
+        result = await ctx.session.send_request(
+            types.ElicitRequest(params=params),
+            types.ElicitResult,
+            metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+        )
     if result.action != "accept":
         return Approval(
             False,
