@@ -20,6 +20,7 @@ from mcp.shared.memory import create_client_server_memory_streams
 
 from host import Approver, Host
 from host.serve import McpServer
+from host.serve._tools import NameStyle
 
 POLICY = """\
 version = 1
@@ -231,11 +232,15 @@ async def connect(
 
 @asynccontextmanager
 async def served(
-    project: Path, *, approver: Approver | None = None, reload: bool = False
+    project: Path,
+    *,
+    approver: Approver | None = None,
+    reload: bool = False,
+    names: NameStyle = "safe",
 ) -> AsyncIterator[McpServer]:
     async with (
         Host.open(project, approver=approver or _deny) as host,
-        McpServer(host, reload=reload, reload_interval=0.05).running() as server,
+        McpServer(host, reload=reload, reload_interval=0.05, names=names).running() as server,
     ):
         yield server
 

@@ -57,7 +57,7 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         async with (
             open_host(project, approver=approver) as host,
-            McpServer(host, reload=args.reload).running() as server,
+            McpServer(host, reload=args.reload, names=args.names).running() as server,
         ):
             await server.serve_stdio()
         return 0
@@ -71,7 +71,7 @@ async def _serve(args: argparse.Namespace) -> int:
         "agent, and the inbox's token travels in clear",
     )
     async with open_host(project, approver="inbox") as host:
-        serve = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed)
+        serve = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed, names=args.names)
 
         def announce(base: str) -> None:
             print(f"toolhost: MCP at {base}/mcp", file=sys.stderr)
@@ -119,6 +119,13 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="the address to listen on (http; default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="the port (http; default 8000, 0: any free)")
     parser.add_argument("--reload", action="store_true", help="follow changes to the tool files")
+    parser.add_argument(
+        "--names",
+        choices=["safe", "dotted"],
+        default="safe",
+        help="the tools' MCP names: safe (kanban_add, what every model API accepts; the "
+        "default) or dotted (kanban.add, the names code mode uses)",
+    )
     parser.add_argument(
         "--backend",
         choices=["asyncio", "trio"],

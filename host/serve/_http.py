@@ -43,6 +43,7 @@ from host.policy import Approver
 from ._inbox import Inbox
 from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
+from ._tools import NameStyle
 
 __all__ = ["ServeApp", "asgi_app", "run_http"]
 
@@ -144,6 +145,8 @@ class ServeApp:
         allowed_hosts: ``host:port`` patterns accepted besides loopback (``Host`` and
             ``Origin`` headers are checked against DNS rebinding).
         idle_timeout: seconds after which an idle MCP session is closed (None: never).
+        names: the tools' MCP names: ``safe`` (``kanban_add``, what every model API
+            accepts) or ``dotted`` (the canonical ``kanban.add``).
         host_options: more keyword arguments for ``Host.open``.
     """
 
@@ -158,8 +161,10 @@ class ServeApp:
         inbox_token: str | None = None,
         allowed_hosts: list[str] | None = None,
         idle_timeout: float | None = 1800.0,
+        names: NameStyle = "safe",
         host_options: Mapping[str, Any] | None = None,
     ) -> None:
+        self._names: NameStyle = names
         self._project = project
         self._given = host
         self._reload = reload
@@ -167,8 +172,8 @@ class ServeApp:
         if approver is None and inbox:
             self._approver = "inbox"
         self._allowed_hosts = allowed_hosts
-        names = [h.rsplit(":", 1)[0] for h in allowed_hosts or []]
-        self._guard = Guard(inbox_token, names) if inbox else None
+        host_names = [h.rsplit(":", 1)[0] for h in allowed_hosts or []]
+        self._guard = Guard(inbox_token, host_names) if inbox else None
         self._idle_timeout = idle_timeout
         self._host_options = dict(host_options or {})
         self.host: Host | None = None
@@ -224,7 +229,10 @@ class ServeApp:
         del app
         if self.manager is not None:
             raise HostError("this app is already running; make one ServeApp per server")
-        async with self._host() as host, McpServer(host, reload=self._reload).running() as mcp:
+        async with (
+            self._host() as host,
+            McpServer(host, reload=self._reload, names=self._names).running() as mcp,
+        ):
             manager = mcp.session_manager(
                 allowed_hosts=self._allowed_hosts, idle_timeout=self._idle_timeout
             )

@@ -65,6 +65,7 @@ from ._tools import (
     RUN_CODE,
     RUN_CODE_OPTIONS,
     Listing,
+    NameStyle,
     ToolEntry,
     call_arguments,
     code_result,
@@ -432,11 +433,13 @@ class McpServer:
         reload: bool = False,
         reload_interval: float = 0.3,
         name: str = "toolhost",
+        names: NameStyle = "safe",
     ) -> None:
         self.host = host
         self._reload = reload
         self._interval = reload_interval
-        self._listing: Listing = listing(host.scope, host.discovery.tools)
+        self._names: NameStyle = names
+        self._listing: Listing = listing(host.scope, host.discovery.tools, names)
         self._connections: set[_Connection] = set()
         self._by_session: dict[str, _Connection] = {}
         self._calls: dict[str, _Request] = {}
@@ -722,6 +725,8 @@ class McpServer:
         tell every client that the tool list changed. Returns whether it changed."""
         try:
             changed = await self.host.reload_tools()
+            if changed:
+                self._listing = listing(self.host.scope, self.host.discovery.tools, self._names)
         except HostError as exc:
             text = self.host.mediator.redact(str(exc))
             for conn in list(self._connections):
@@ -737,7 +742,6 @@ class McpServer:
             return False
         if not changed:
             return False
-        self._listing = listing(self.host.scope, self.host.discovery.tools)
         self.reloads += 1
         for conn in list(self._connections):
             conn.push(_Note("tools_changed"))

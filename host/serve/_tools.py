@@ -2,8 +2,9 @@
 
 Pure functions over the scope: nothing here talks to a client or starts a capsule.
 
-* A tool's MCP name is its canonical name (``kanban.add``; dots are valid in MCP tool
-  names), its description the docstring, its input schema the declarations' schema of
+* A tool's MCP name is one every model API accepts (``kanban_add`` for ``kanban.add``,
+  :func:`mcp_name`), or its canonical name with ``names="dotted"``; its description the
+  docstring, its input schema the declarations' schema of
   the bound arguments, as is. MCP wants an object at the root of an output schema: a
   result declared as a TypedDict (or other object) is described as it is and sent as
   the structured content; any other result (``int``, ``list[Task]``, a union) is
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 from urllib.parse import quote
 
 import mcp.types as types
@@ -43,10 +46,12 @@ from host.declare import (
     Scope,
     ToolSpec,
 )
-from host.errors import HostError, InvalidArguments, NotSerializable
+from host.errors import DeclarationError, HostError, InvalidArguments, NotSerializable
 
 __all__ = [
     "ERROR_META",
+    "NameStyle",
+    "mcp_name",
     "RUN_CODE",
     "Listing",
     "ToolEntry",
@@ -194,6 +199,30 @@ _RUN_CODE_INPUT: Final[dict[str, Any]] = {
 }
 
 
+NameStyle = Literal["safe", "dotted"]
+"""How tools are named over MCP: ``safe`` (the default) as every model's function-name rule
+accepts (``^[a-zA-Z0-9_-]{1,64}$``: ``kanban.add`` is ``kanban_add``), or ``dotted``, the
+canonical names as they are (valid MCP names, but some model APIs refuse the dots)."""
+
+_SAFE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_UNSAFE_CHAR: Final = re.compile(r"[^A-Za-z0-9_-]")
+_MAX_NAME: Final = 64
+
+
+def mcp_name(canonical: str, style: NameStyle = "safe") -> str:
+    """The MCP name of the tool ``canonical`` (``kanban.add``): stable, and in the ``safe``
+    style one that the model APIs' function-name rule accepts. Dots (and any character
+    the rule refuses) become ``_``; a name longer than 64 characters keeps its first 55
+    and ends in ``_`` and 8 hex digits of its canonical name's SHA-256."""
+    if style == "dotted" or _SAFE.fullmatch(canonical):
+        return canonical
+    name = _UNSAFE_CHAR.sub("_", canonical)
+    if len(name) > _MAX_NAME:
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:8]
+        name = f"{name[: _MAX_NAME - 9]}_{digest}"
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """One tool as MCP sees it, with what is needed to call it."""
@@ -247,22 +276,35 @@ def _output_schema(schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None
     return wrapped, True
 
 
-def listing(scope: Scope, specs: Mapping[str, ToolSpec]) -> Listing:
-    """The MCP tools of ``scope``: every declared tool, then ``run_code``."""
+def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "safe") -> Listing:
+    """The MCP tools of ``scope``: every declared tool, then ``run_code``.
+
+    Raises :class:`DeclarationError` when two tools (``run_code`` included) would have
+    one MCP name, naming both.
+    """
     schemas = scope.schemas()
     tools: list[types.Tool] = []
     entries: dict[str, ToolEntry] = {}
+    owner: dict[str, str] = {RUN_CODE: RUN_CODE}
     for decl in scope.tools:
+        name = mcp_name(decl.name, names)
+        other = owner.setdefault(name, decl.name)
+        if other != decl.name:
+            raise DeclarationError(
+                f"the tools {other} and {decl.name} would both be called {name!r} over MCP; "
+                "rename one of them, or serve the canonical names (toolhost serve "
+                "--names dotted)"
+            )
         schema = schemas[decl.name]
         output, wrapped = _output_schema(schema["output"])
         tool = types.Tool(
-            name=decl.name,
+            name=name,
             description=decl.docstring or decl.summary or f"The tool {decl.name}.",
             input_schema=schema["input"],
             output_schema=output,
         )
         tools.append(tool)
-        entries[decl.name] = ToolEntry(
+        entries[name] = ToolEntry(
             tool,
             specs.get(decl.name),
             wrapped,
