@@ -33,10 +33,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, Generic, Literal, Protocol, TypeVar, cast
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, cast, get_args
 
 __all__ = [
     "ToolContext",
+    "LogLevel",
     "Result",
     "Attachment",
     "ContextError",
@@ -262,6 +263,10 @@ class Channel(Protocol):
 
 _EVENT_NAME: Final = re.compile(r"[A-Za-z][\w.-]{0,63}", re.ASCII)
 
+LogLevel = Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+"""The levels of :meth:`ToolContext.log`: RFC 5424's, least severe first, as MCP uses them."""
+_LOG_LEVELS: Final[tuple[str, ...]] = get_args(LogLevel)
+
 
 class ToolContext:
     """What the host tells a tool about its call, and what the tool may ask of the host.
@@ -394,6 +399,19 @@ class ToolContext:
         self._channel_for("emit").notify(
             self._call, "emit", {"event": event, "data": _plain(data, "ctx.emit")}
         )
+
+    async def log(self, message: str, level: LogLevel = "info") -> None:
+        """Log ``message`` for this call: a ``tool_log`` event on the host's stream, and over
+        MCP a log message to the client that made the call (at the level it asked for,
+        ``logging/setLevel``), never to another session's. ``level`` is one of RFC 5424's,
+        as MCP uses them: ``debug``, ``info``, ``notice``, ``warning``, ``error``,
+        ``critical``, ``alert``, ``emergency``. Secrets are replaced as in every event;
+        the host drops logs beyond its event rate limit."""
+        if level not in _LOG_LEVELS:
+            raise ValueError(f"level is one of {', '.join(_LOG_LEVELS)}, not {level!r}")
+        if type(message) is not str:
+            raise TypeError(f"message is a str, not {type(message).__name__}")
+        self._channel_for("log").notify(self._call, "log", {"message": message, "level": level})
 
     async def progress(self, message: str, fraction: float | None = None) -> None:
         """Report progress: a ``progress`` event (and, over MCP, a progress notification to

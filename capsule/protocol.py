@@ -130,8 +130,20 @@ K_ANSWER: Final = "answer"
 
 CTX_REQUESTS: Final = frozenset({"env", "env_type", "set_env", "get", "set", "call"})
 """The ops of ``ctx`` frames (each gets an ``answer``)."""
-CTX_EVENTS: Final = frozenset({"emit", "progress"})
+CTX_EVENTS: Final = frozenset({"emit", "progress", "log"})
 """The ops of ``event`` frames (one way)."""
+
+LOG_LEVELS: Final = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+"""The levels of ``ctx.log``, least severe first: RFC 5424's, as MCP logging uses them."""
 
 # Error kinds a capsule may report in an ``err`` frame. Anything else is a protocol error.
 E_TOOL: Final = "tool_error"

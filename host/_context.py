@@ -14,8 +14,8 @@ chain), never from anything the capsule says:
   within ``[limits] max_value_size`` and ``max_session_store``;
 * ``call``: a nested call through the full mediator, caller ``tool``, with the frame as
   its parent;
-* ``emit``/``progress``: ``tool_event`` and ``progress`` events (the event bus replaces
-  secrets in them, as in every event), at most :data:`EVENT_BURST` at once and
+* ``emit``/``progress``/``log``: ``tool_event``, ``progress`` and ``tool_log`` events (the
+  event bus replaces secrets in them, as in every event), at most :data:`EVENT_BURST` at once and
   :data:`EVENT_RATE` a second per session (the rest are dropped and counted).
 """
 
@@ -232,6 +232,18 @@ class SessionContext:
                 tool=frame.tool,
                 event=name,
                 data=data,  # the event bus replaces secrets in every event, at any depth
+            )
+        elif op == "log":
+            message, level = args.get("message"), args.get("level")
+            if type(message) is not str or level not in p.LOG_LEVELS:
+                return
+            self._events.emit(
+                "tool_log",
+                self.session,
+                call_id=frame.call_id,
+                tool=frame.tool,
+                level=level,
+                message=message[:_MAX_MESSAGE],  # the event bus replaces secrets
             )
         elif op == "progress":
             message, fraction = args.get("message"), args.get("fraction")

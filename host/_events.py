@@ -16,7 +16,8 @@ start, where subprocess capsules cannot be confined), ``zygote_unavailable`` (a 
 started without the zygote, and why), ``session_released`` (an idle session's capsules
 were stopped: ``[limits] session_idle``); the policy's, among them
 ``policy_decision``, ``policy_denied``, ``policy_warning`` and ``policy_missing``; the tool
-contexts' (``progress``, ``tool_event``, ``tool_events_dropped``, ``context_refused``).
+contexts' (``progress``, ``tool_event``, ``tool_log``, ``tool_events_dropped``,
+``context_refused``).
 docs/events.md, "Events and traces", lists them with their fields.
 
 Three ways to follow them: ``bus.subscribe(fn)`` (``host.on``), plain callables run in

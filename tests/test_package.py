@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("host", "capsule")
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".agent",
-    ".pytest_cache", ".ruff_cache", "artifacts", "site",
+    ".pytest_cache", ".ruff_cache", "artifacts", "site", "node_modules",
 )  # fmt: skip
 
 

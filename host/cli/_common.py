@@ -256,6 +256,8 @@ def print_events(event: Event) -> None:
             f"{_size(int(data.get('dropped_bytes', 0)))} of tool output dropped here "
             f"(over the capsule's console budget of {data.get('budget', '?')})"
         )
+    elif event.kind == "tool_log":
+        note(f"[{data.get('tool')}] {data.get('level')}: {data.get('message')}")
     elif event.kind in ("tool_file_failed", "capsule_crashed", "capsule_unavailable"):
         detail = data.get("reason", "")
         name = data.get("file")

@@ -71,7 +71,15 @@ async def _serve(args: argparse.Namespace) -> int:
         "agent, and the inbox's token travels in clear",
     )
     async with open_host(project, approver="inbox") as host:
-        serve = ServeApp(host=host, reload=args.reload, allowed_hosts=allowed, names=args.names)
+        serve = ServeApp(
+            host=host,
+            reload=args.reload,
+            allowed_hosts=allowed,
+            names=args.names,
+            idle_timeout=args.idle_timeout or None,
+            max_sessions=args.max_sessions or None,
+            max_sessions_per_client=args.max_sessions_per_client or None,
+        )
 
         def announce(base: str) -> None:
             print(f"toolhost: MCP at {base}/mcp", file=sys.stderr)
@@ -119,6 +127,28 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="the address to listen on (http; default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="the port (http; default 8000, 0: any free)")
     parser.add_argument("--reload", action="store_true", help="follow changes to the tool files")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="http: close a session idle this long and release its capsules (default 300; "
+        "0: never)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=64,
+        metavar="N",
+        help="http: sessions open at once, all clients together (default 64; 0: no cap)",
+    )
+    parser.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=16,
+        metavar="N",
+        help="http: sessions one client (address) may have open (default 16; 0: no cap)",
+    )
     parser.add_argument(
         "--names",
         choices=["safe", "dotted"],

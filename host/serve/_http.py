@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Container, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from host._host import Host
 from host.errors import HostError
@@ -45,14 +45,41 @@ from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
 from ._tools import NameStyle
 
-__all__ = ["ServeApp", "asgi_app", "run_http"]
+__all__ = [
+    "ServeApp",
+    "asgi_app",
+    "run_http",
+    "IDLE_TIMEOUT",
+    "MAX_SESSIONS",
+    "MAX_SESSIONS_PER_CLIENT",
+]
+
+IDLE_TIMEOUT: Final = 300.0
+"""Seconds an HTTP session may sit with no request in flight before it is closed and its
+capsules released. Clients often end without a DELETE; 30 minutes kept one capsule per
+such client for that long."""
+MAX_SESSIONS: Final = 64
+"""HTTP sessions open at once, all clients together (each has its own capsules)."""
+MAX_SESSIONS_PER_CLIENT: Final = 16
+"""HTTP sessions one client (one address) may have open at once."""
 
 
 class _McpEndpoint:
-    """``/mcp``: hands each request to the session manager of the running app."""
+    """``/mcp``: hands each request to the session manager of the running app, holding
+    each client to ``max_sessions_per_client`` open sessions (the manager holds the total).
+
+    A client is its address here (the authenticated client, once HTTP serving has
+    authentication). A new session is a POST without ``Mcp-Session-Id``; its id is read
+    from the response, and a session the manager no longer has (ended by DELETE or by
+    the idle timeout) no longer counts.
+    """
 
     def __init__(self, app: ServeApp) -> None:
         self._app = app
+        self._owners: dict[str, str] = {}
+        """Session id -> the client that opened it."""
+        self._opening: dict[str, int] = {}
+        """Client -> sessions it is opening now (their ids are not known yet)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         manager = self._app.manager
@@ -60,7 +87,66 @@ class _McpEndpoint:
             response = PlainTextResponse("the MCP server is not running", status_code=503)
             await response(scope, receive, send)
             return
-        await manager.handle_request(scope, receive, send)
+        headers = {k.lower() for k, _ in scope.get("headers", [])}
+        if scope.get("method") != "POST" or b"mcp-session-id" in headers:
+            await manager.handle_request(scope, receive, send)
+            return
+        client = scope.get("client")
+        key = str(client[0]) if client else "unknown"
+        live = _live_sessions(manager)
+        for ended in [sid for sid in self._owners if sid not in live]:
+            del self._owners[ended]
+        held = sum(1 for owner in self._owners.values() if owner == key)
+        held += self._opening.get(key, 0)
+        cap = self._app.max_sessions_per_client
+        if cap is not None and held >= cap:
+            await _refuse_session(
+                f"this client already has {held} open MCP sessions (the most one client "
+                f"may have: {cap}); end one (DELETE /mcp) or wait until an idle one is "
+                "closed",
+                scope,
+                receive,
+                send,
+            )
+            return
+
+        opening = True  # counted in _opening until its session id is known
+
+        def opened() -> None:
+            nonlocal opening
+            if opening:
+                opening = False
+                self._opening[key] -= 1
+                if not self._opening[key]:
+                    del self._opening[key]
+
+        async def record(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"mcp-session-id":
+                        self._owners[value.decode("latin-1")] = key
+                opened()  # owned now (or refused): the request may stream on for long
+            await send(message)
+
+        self._opening[key] = self._opening.get(key, 0) + 1
+        try:
+            await manager.handle_request(scope, receive, record)
+        finally:
+            opened()
+
+
+def _live_sessions(manager: StreamableHTTPSessionManager) -> Container[str]:
+    """The ids of the sessions the manager holds. The SDK keeps them in a private dict
+    (the one other place besides ``connection_of`` that reaches inside it: mcp is pinned
+    to a narrow range in pyproject.toml)."""
+    return manager._server_instances  # pyright: ignore[reportPrivateUsage]
+
+
+async def _refuse_session(message: str, scope: Scope, receive: Receive, send: Send) -> None:
+    """429 with a JSON-RPC error body, as the SDK answers its own session limit."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+    response = JSONResponse(body, status_code=429, headers={"retry-after": "5"})
+    await response(scope, receive, send)
 
 
 class _InboxEndpoint:
@@ -144,7 +230,11 @@ class ServeApp:
         inbox_token: the inbox's token (default: a random one per ``ServeApp``).
         allowed_hosts: ``host:port`` patterns accepted besides loopback (``Host`` and
             ``Origin`` headers are checked against DNS rebinding).
-        idle_timeout: seconds after which an idle MCP session is closed (None: never).
+        idle_timeout: seconds after which an MCP session with no request in flight (and
+            no open event stream) is closed and its capsules released (None: never).
+        max_sessions: MCP sessions open at once, all clients together (None: no cap).
+        max_sessions_per_client: MCP sessions one client may have open (a client is its
+            address; None: no cap).
         names: the tools' MCP names: ``safe`` (``kanban_add``, what every model API
             accepts) or ``dotted`` (the canonical ``kanban.add``).
         host_options: more keyword arguments for ``Host.open``.
@@ -160,7 +250,9 @@ class ServeApp:
         inbox: bool = True,
         inbox_token: str | None = None,
         allowed_hosts: list[str] | None = None,
-        idle_timeout: float | None = 1800.0,
+        idle_timeout: float | None = IDLE_TIMEOUT,
+        max_sessions: int | None = MAX_SESSIONS,
+        max_sessions_per_client: int | None = MAX_SESSIONS_PER_CLIENT,
         names: NameStyle = "safe",
         host_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -175,6 +267,8 @@ class ServeApp:
         host_names = [h.rsplit(":", 1)[0] for h in allowed_hosts or []]
         self._guard = Guard(inbox_token, host_names) if inbox else None
         self._idle_timeout = idle_timeout
+        self._max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
         self._host_options = dict(host_options or {})
         self.host: Host | None = None
         """The open host, while the lifespan runs."""
@@ -234,7 +328,9 @@ class ServeApp:
             McpServer(host, reload=self._reload, names=self._names).running() as mcp,
         ):
             manager = mcp.session_manager(
-                allowed_hosts=self._allowed_hosts, idle_timeout=self._idle_timeout
+                allowed_hosts=self._allowed_hosts,
+                idle_timeout=self._idle_timeout,
+                max_sessions=self._max_sessions,
             )
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(manager.run())

@@ -37,7 +37,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import anyio
 import anyio.abc
@@ -128,7 +128,9 @@ _OUTBOX: Final = 256
 _DRAIN: Final = 5.0
 """Seconds a call's result waits for its own notifications to go out first."""
 
-LogLevel = Literal["debug", "info", "notice", "warning", "error"]
+LogLevel = Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+_LEVELS: Final[tuple[LogLevel, ...]] = get_args(LogLevel)
+"""RFC 5424's levels as MCP uses them, least severe first."""
 
 
 def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection:
@@ -144,14 +146,18 @@ def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection:
 
 
 async def _log(
-    session: ServerSession, level: LogLevel, data: Any, related: types.RequestId | None
+    session: ServerSession,
+    level: LogLevel,
+    data: Any,
+    related: types.RequestId | None,
+    logger: str = "toolhost",
 ) -> None:
     """A log notification. The SDK marks logging deprecated (for the 2026 era) and warns
     when the method is called; the warning is silenced around the call only."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         sending = session.send_log_message(  # pyright: ignore[reportDeprecated]
-            level, data, logger="toolhost", related_request_id=related
+            level, data, logger=logger, related_request_id=related
         )
     await sending
 
@@ -194,6 +200,7 @@ class _Note:
     request: _Request | None = None
     level: LogLevel = "info"
     data: Any = None
+    logger: str = "toolhost"
     progress: float = 0.0
     total: float | None = None
     message: str | None = None
@@ -240,6 +247,9 @@ class _Connection:
         self.session_id: str | None = None
         self.closed = False
         self.dropped = 0
+        self.min_level = 0
+        """The least severe level this client's log messages have (``logging/setLevel``;
+        until it says, every level)."""
         self._lock = anyio.Lock()
         self._stack = AsyncExitStack()
         self._send, self._receive = anyio.create_memory_object_stream[_Note](_OUTBOX)
@@ -267,6 +277,8 @@ class _Connection:
     def push(self, note: _Note) -> None:
         if self.closed:
             return
+        if note.kind == "log" and _LEVELS.index(note.level) < self.min_level:
+            return  # below the level the client set
         try:
             self._send.send_nowait(note)
         except anyio.WouldBlock:
@@ -275,8 +287,10 @@ class _Connection:
         if note.request is not None:
             note.request.pending += 1
 
-    def log(self, request: _Request | None, level: LogLevel, data: dict[str, Any]) -> None:
-        self.push(_Note("log", request, level, data))
+    def log(
+        self, request: _Request | None, level: LogLevel, data: Any, logger: str = "toolhost"
+    ) -> None:
+        self.push(_Note("log", request, level, data, logger=logger))
 
     async def pump(self) -> None:
         """Send the outbox in order until the connection closes."""
@@ -297,7 +311,9 @@ class _Connection:
         elif note.kind == "progress" and request is not None:
             await request.ctx.session.report_progress(note.progress, note.total, note.message)
         elif request is not None:
-            await _log(request.ctx.session, note.level, note.data, request.ctx.request_id)
+            await _log(
+                request.ctx.session, note.level, note.data, request.ctx.request_id, note.logger
+            )
         else:
             await _log(self.proxy, note.level, note.data, None)
 
@@ -446,16 +462,21 @@ class McpServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self.reloads = 0
         """How many times the tool files were reloaded with a change."""
-        self.server: Server[dict[str, Any]] = _Server(
-            name,
-            version="0.1.0",
-            instructions=(
-                "Tools of a toolhost project, each call decided by its policy. run_code runs "
-                "Python with every tool as an awaitable global; its description lists them."
-            ),
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-        )
+        # The SDK warns that logging is deprecated in the 2026 era; the handshake versions
+        # served here define it (clients set its level), so the warning is silenced here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            self.server: Server[dict[str, Any]] = _Server(  # pyright: ignore[reportDeprecated]
+                name,
+                version="0.1.0",
+                instructions=(
+                    "Tools of a toolhost project, each call decided by its policy. run_code runs "
+                    "Python with every tool as an awaitable global; its description lists them."
+                ),
+                on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool,
+                on_set_logging_level=self._set_level,  # which declares the logging capability
+            )
         self.server.middleware.insert(0, _handshake_only)
         self.server.add_notification_handler(
             "notifications/initialized", types.NotificationParams, self._on_initialized
@@ -524,7 +545,8 @@ class McpServer:
         self,
         *,
         allowed_hosts: list[str] | None = None,
-        idle_timeout: float | None = 1800.0,
+        idle_timeout: float | None = 300.0,
+        max_sessions: int | None = 64,
     ) -> StreamableHTTPSessionManager:
         """The streamable HTTP transport (stateful: one session per ``Mcp-Session-Id``).
 
@@ -543,6 +565,7 @@ class McpServer:
             json_response=False,
             security_settings=security,
             session_idle_timeout=idle_timeout,
+            max_sessions=max_sessions,
         )
 
     # -- connections --------------------------------------------------------------------
@@ -584,6 +607,13 @@ class McpServer:
         conn = self._connection(ctx)
         if self._tg is not None:
             self._tg.start_soon(conn.open_quietly)
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        """``logging/setLevel``: this connection's log messages from that level up."""
+        self._connection(ctx).min_level = _LEVELS.index(params.level)
+        return types.EmptyResult()
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -683,6 +713,13 @@ class McpServer:
             request = self._request_for(event)
             if request is not None and request.wants_progress:
                 self._progress(request, data)
+        elif kind == "tool_log":  # ctx.log: to the client of that call only
+            request = self._request_for(event)
+            said = data.get("level")
+            if request is not None and said in _LEVELS:
+                text = redact(str(data.get("message")))[:1000]
+                level = _LEVELS[_LEVELS.index(said)]
+                request.conn.log(request, level, text, logger=str(data.get("tool")))
         elif kind in _SESSION_EVENTS or (kind == "capsule_started" and data.get("restart")):
             conn = self._by_session.get(event.session or "")
             if conn is not None:

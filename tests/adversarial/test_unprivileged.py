@@ -37,6 +37,7 @@ KEEP = "not scope_entry or (asyncio and writable)"
 modes; the rest do not depend on the user."""
 
 COPIED = ("host", "capsule", "tests", "agent_src", "pyproject.toml")
+IGNORED = ("__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules")
 
 
 @pytest.mark.slow
@@ -51,7 +52,9 @@ def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
     folder = Path(tempfile.mkdtemp(prefix="unprivileged-", dir=user.labs))
     try:
         checkout = folder / "checkout"
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".hypothesis")
+        ignore = shutil.ignore_patterns(
+            "__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules"
+        )
         for name in COPIED:
             source = ROOT / name
             if source.is_dir():
@@ -110,7 +113,9 @@ def test_hosts_run_as_the_user_from_a_checkout_in_a_private_folder() -> None:
     try:
         assert folder.stat().st_mode & 0o777 == 0o700
         checkout = folder / "checkout"
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".hypothesis")
+        ignore = shutil.ignore_patterns(
+            "__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules"
+        )
         for name in COPIED:
             source = ROOT / name
             if source.is_dir():
