@@ -12,6 +12,7 @@ text, never an exception.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -214,3 +215,53 @@ def test_every_schema_compiles_under_ajv_strict_mode(tmp_path: Path, which: str)
     if which == "types":
         assert {"shapes", "pair"} <= set(out["tools"]), out["tools"]
     assert out["strict"] == [], json.dumps(out["strict"], indent=1)
+
+
+# -- the MCP Inspector (its command line) --------------------------------------------------
+
+
+def _inspector(project: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    inspector = HERE / "node_modules" / ".bin" / "inspector"
+    _node()
+    if not inspector.exists():
+        pytest.fail("the MCP Inspector is not installed: npm ci --prefix tests/ts_client")
+    toolhost = [sys.executable, "-c", "from host.cli import main; main()", "serve"]
+    return subprocess.run(
+        [str(inspector), "--cli", *toolhost, "--project", str(project), *args],
+        cwd=project,
+        env={**os.environ, "HOME": str(home)},  # it keeps a catalog in its home
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "kind"),
+    [
+        (["--tool-name", "fail", "--tool-arg", "message=boom"], "tool_error"),
+        (["--tool-name", "add", "--tool-arg", "a=2"], "invalid_arguments"),
+        (["--tool-name", "wipe", "--tool-arg", "folder=/"], "policy_denied"),
+        (["--tool-name", "note", "--tool-arg", "text=hi"], "not_approved"),  # no elicitation
+    ],
+)
+def test_the_inspector_reads_every_error(
+    project: Path, tmp_path: Path, call: list[str], kind: str
+) -> None:
+    done = _inspector(project, tmp_path, "--method", "tools/call", *call)
+    # exit status 5: "the tool returned isError" (a protocol error would be another)
+    assert done.returncode == 5, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["isError"] is True and "structuredContent" not in result, result
+    assert result["content"][0]["text"].startswith(f"{kind}: "), result
+    assert "-32602" not in done.stdout + done.stderr
+
+
+def test_the_inspector_finds_no_schema_to_warn_about(project: Path, tmp_path: Path) -> None:
+    """``--strict``: every schema portable (no ``type`` arrays, no schema that validates
+    nothing), ``run_code``'s and a tool returning ``object`` included."""
+    done = _inspector(project, tmp_path, "--method", "tools/list", "--strict")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Warning:" not in done.stderr and "Error:" not in done.stderr, done.stderr
+    listed = json.loads(done.stdout)
+    assert "run_code" in [t["name"] for t in listed["tools"]]

@@ -301,3 +301,35 @@ async def test_a_server_over_an_open_host_restores_its_approver(project: Path) -
         async with McpServer(host).running():
             assert host.mediator.escalations.approver is not mine
         assert host.mediator.escalations.approver is mine
+
+
+def test_portable_schemas_mean_the_same_without_type_arrays_or_empty_schemas() -> None:
+    from host.serve._tools import portable
+
+    any_value = [{"type": t} for t in ("object", "array", "string", "number", "boolean", "null")]
+    assert portable({"type": ["string", "null"], "description": "d"}) == {
+        "description": "d",
+        "anyOf": [{"type": "string"}, {"type": "null"}],
+    }
+    assert portable({"description": "anything"}) == {"description": "anything", "anyOf": any_value}
+    nested = {
+        "type": "object",
+        "properties": {"a": {}, "b": {"type": "array", "items": {"type": ["integer", "null"]}}},
+        "$defs": {"X": {"title": "X"}},
+        "additionalProperties": False,
+    }
+    assert portable(nested) == {
+        "type": "object",
+        "properties": {
+            "a": {"anyOf": any_value},
+            "b": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
+        },
+        "$defs": {"X": {"title": "X", "anyOf": any_value}},
+        "additionalProperties": False,
+    }
+    both = portable({"type": ["string", "integer"], "anyOf": [{"minLength": 1}, {"minimum": 0}]})
+    assert both == {
+        "anyOf": [{"minLength": 1}, {"minimum": 0}],
+        "allOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}],
+    }
+    assert nested["properties"]["a"] == {}  # the input is left as it was

@@ -50,6 +50,7 @@ from host.errors import DeclarationError, HostError, InvalidArguments, NotSerial
 
 __all__ = [
     "ERROR_META",
+    "portable",
     "NameStyle",
     "mcp_name",
     "RUN_CODE",
@@ -85,7 +86,7 @@ _CODE_CALL_SCHEMA: Final[dict[str, Any]] = {
         "tool": {"type": "string"},
         "decision": {"enum": ["allow", "deny", "escalate", None]},
         "ok": {"type": "boolean"},
-        "error": {"type": ["string", "null"]},
+        "error": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     },
     "required": ["tool", "decision", "ok"],
 }
@@ -109,7 +110,7 @@ _RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
                         "type": {"type": "string"},
                         "message": {"type": "string"},
                         "traceback": {"type": "string"},
-                        "limit": {"type": ["string", "null"]},
+                        "limit": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                     },
                     "required": ["kind", "type", "message"],
                 },
@@ -136,12 +137,12 @@ _RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
                                     "column": {"type": "integer"},
                                     "kind": {"type": "string"},
                                     "message": {"type": "string"},
-                                    "rule": {"type": ["string", "null"]},
+                                    "rule": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                                 },
                                 "required": ["line", "column", "kind", "message"],
                             },
                         },
-                        "note": {"type": ["string", "null"]},
+                        "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                     },
                     "required": ["mode", "status", "diagnostics"],
                 },
@@ -258,6 +259,44 @@ def _is_object(schema: Mapping[str, Any]) -> bool:
     return False
 
 
+_JSON_TYPES: Final = ("object", "array", "string", "number", "boolean", "null")
+_ANNOTATIONS: Final = frozenset({"title", "description", "default", "examples", "$comment"})
+_SUBSCHEMA: Final = ("items", "additionalProperties", "not", "contains", "propertyNames")
+_SUBSCHEMAS: Final = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS: Final = ("properties", "$defs", "patternProperties")
+
+
+def portable(schema: Any) -> Any:
+    """``schema`` as strict clients and checkers take it without a warning (Ajv's strict
+    mode, the MCP Inspector's ``--strict``), meaning the same: a ``type`` array becomes an
+    ``anyOf`` of single types, and a schema with no keyword that validates (any value, as
+    ``object`` or ``Any`` declare it) names every JSON type. Returns a new schema."""
+    if not isinstance(schema, dict):
+        return schema
+    src = cast("dict[str, Any]", schema)
+    out: dict[str, Any] = {}
+    for key, value in src.items():
+        if key in _SUBSCHEMA and isinstance(value, dict):
+            out[key] = portable(value)
+        elif key in _SUBSCHEMAS and isinstance(value, list):
+            out[key] = [portable(v) for v in cast("list[Any]", value)]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: portable(v) for k, v in cast("dict[str, Any]", value).items()}
+        else:
+            out[key] = value
+    types_ = out.get("type")
+    if isinstance(types_, list):
+        del out["type"]
+        branches = [{"type": t} for t in cast("list[Any]", types_)]
+        if "anyOf" in out:  # both: each must hold
+            out["allOf"] = [*out.get("allOf", []), {"anyOf": branches}]
+        else:
+            out["anyOf"] = branches
+    if set(out) <= _ANNOTATIONS | {"$schema", "$id"}:  # validates nothing: any value
+        out["anyOf"] = [{"type": t} for t in _JSON_TYPES]
+    return out
+
+
 def _output_schema(schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
     """The MCP output schema (root: an object) and whether the result is wrapped."""
     if schema is None:
@@ -300,8 +339,8 @@ def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "saf
         tool = types.Tool(
             name=name,
             description=decl.docstring or decl.summary or f"The tool {decl.name}.",
-            input_schema=schema["input"],
-            output_schema=output,
+            input_schema=portable(schema["input"]),
+            output_schema=portable(output),
         )
         tools.append(tool)
         entries[name] = ToolEntry(
