@@ -59,7 +59,12 @@ def run_client(plan: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    return make_mcp_project(tmp_path / "project")
+    root = make_mcp_project(tmp_path / "project")
+    (root / "policies").mkdir()
+    (root / "policies" / "quota.toml").write_text(  # a limit to run into: count runs once
+        'version = 1\n[[quotas]]\ntools = ["count"]\nper_session = 1\n', encoding="utf-8"
+    )
+    return root
 
 
 def stdio(project: Path) -> dict[str, Any]:
@@ -100,12 +105,17 @@ def test_every_failure_reaches_the_typescript_client_as_a_result(project: Path) 
         {"name": "add", "arguments": {"a": 2, "b": 3}},
         {"name": "run_code", "arguments": {"code": "1 / 0"}},
         {"name": "run_code", "arguments": {"code": "x = await add(1, 2)\nx * 2"}},
+        {"name": "count", "arguments": {}},
+        {"name": "count", "arguments": {}},  # over the session's quota: a limit
     ]
     out = run_client({"server": stdio(project), "calls": calls})
     assert "add" in out["tools"] and "run_code" in out["tools"]
     for call, (_, _, kind) in zip(out["calls"], FAILURES, strict=False):
         _assert_readable(call, kind)
-    ok, failed_code, code = out["calls"][len(FAILURES) :]
+    ok, failed_code, code, counted, over = out["calls"][len(FAILURES) :]
+    assert counted["threw"] is None and counted["structured"] == {"result": 1}, counted
+    _assert_readable(over, "limit_exceeded")
+    assert over["meta"]["toolhost/error"]["limit"] == "per_session", over
     assert ok["threw"] is None and not ok["isError"] and ok["structured"] == {"result": 5}
     # a failed run is a run_code result: its structured content is what the schema says
     assert failed_code["threw"] is None and failed_code["isError"] is True, failed_code
