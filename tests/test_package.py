@@ -9,6 +9,8 @@ the official MCP client, and ``inbox`` serving its page.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.cookiejar
 import json
 import os
@@ -59,13 +61,40 @@ class Dists:
     log: str
 
 
+@contextlib.contextmanager
+def _once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Path, bool]]:
+    """A folder shared by the test run's workers (pytest-xdist), under a lock: yields it
+    and whether it is still to be made. What the first worker makes the others reuse."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = base / f"shared-{name}"
+    lock = base / f"shared-{name}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        made = folder / ".made"
+        yield folder, not made.exists()
+        folder.mkdir(exist_ok=True)
+        made.touch()
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     """``python -m build`` on a copy of the checkout (the build writes beside its source,
-    and tests in parallel must not share that): the sdist, then the wheel built from it."""
+    and tests in parallel must not share that): the sdist, then the wheel built from it.
+    Built once per test run, whichever worker asks first."""
+    with _once(tmp_path_factory, "dists") as (out, to_make):
+        if to_make:
+            _build(tmp_path_factory, out)
+        (wheel,) = out.glob("*.whl")
+        (sdist,) = out.glob("*.tar.gz")
+        return Dists(wheel=wheel, sdist=sdist, log=(out / "build.log").read_text())
+
+
+def _build(tmp_path_factory: pytest.TempPathFactory, out: Path) -> None:
     source = tmp_path_factory.mktemp("source") / "toolhost"
     shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
-    out = tmp_path_factory.mktemp("dist")
+    out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(source)],
         capture_output=True,
@@ -73,9 +102,7 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    (wheel,) = out.glob("*.whl")
-    (sdist,) = out.glob("*.tar.gz")
-    return Dists(wheel=wheel, sdist=sdist, log=done.stdout + done.stderr)
+    (out / "build.log").write_text(done.stdout + done.stderr)
 
 
 def test_the_build_has_no_warnings(dists: Dists) -> None:
@@ -132,15 +159,23 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    """The wheel installed (not editable) into a new venv outside the checkout."""
-    place = tmp_path_factory.mktemp("installed")
-    assert not place.resolve().is_relative_to(ROOT)
+def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel installed (not editable) into a new venv outside the checkout, with a
+    project made by the installed ``toolhost init``; once per test run."""
+    with _once(tmp_path_factory, "installed") as (place, to_make):
+        assert not place.resolve().is_relative_to(ROOT)
+        bin_dir = place / "venv" / "bin"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        env["TOOLHOST_CACHE"] = str(place / "cache")  # nothing shared with the checkout's
+        if to_make:
+            _install(dists, place, env)
+        return Installed(bin=bin_dir, project=place / "project", env=env)
+
+
+def _install(dists: Dists, place: Path, env: dict[str, str]) -> None:
     venv.create(place / "venv", with_pip=True)
     bin_dir = place / "venv" / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    env["TOOLHOST_CACHE"] = str(place / "cache")  # nothing shared with the checkout's runs
     done = subprocess.run(
         [str(bin_dir / "python"), "-m", "pip", "install", "-q", str(dists.wheel)],
         capture_output=True,
@@ -158,7 +193,6 @@ def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         timeout=60,
     )
     assert made.returncode == 0, made.stderr
-    yield Installed(bin=bin_dir, project=place / "project", env=env)
 
 
 @pytest.mark.slow
