@@ -192,3 +192,25 @@ async def test_remembered_allows_do_not_answer_a_restricted_rule(
             await session.call_as("agent", "launch", ("pluto",), {})
         assert inbox.asked == 4
     assert ran(tmp_path) == ["pluto"] * 3
+
+
+async def test_a_rule_with_no_approvers_lets_no_channel_allow(
+    make_project: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``approvers = []`` names no channel: nobody's allow counts (an empty list is not
+    "no list"), so the call never runs, whoever says yes."""
+    monkeypatch.setenv("APPROVERS_MARKER", str(tmp_path / "marker"))
+    policy = POLICY.replace('approvers = ["inbox"]', "approvers = []")
+    project = make_project(TOOLS, policy=policy)
+    for channel in ("app", "inbox", "terminal", "mcp"):
+
+        async def allow(request: ApprovalRequest, channel: str = channel) -> Approval:
+            assert request.approvers == ()
+            return Approval(True, request_id=request.id, channel=channel)
+
+        async with Host.open(project, approver=allow, capsule=in_process()) as host:
+            with pytest.raises(NotApproved) as info:
+                await host.default_session.call_as("agent", "launch", ("moon",), {})
+            assert info.value.reason == "channel_not_allowed", channel
+            assert "no channel" in str(info.value)
+    assert ran(tmp_path) == []

@@ -51,7 +51,12 @@ TOOLS = {
             ToolContext,
         )
 
-        __uses__ = {"limited": ["echo"], "relay": ["echo", "whoami", "tally", "nap"]}
+        __uses__ = {
+            "limited": ["echo"],
+            "relay": ["echo", "whoami", "tally", "nap"],
+            "nothing": [],
+            "selfish": ["selfish"],
+        }
 
         _release = asyncio.Event()
 
@@ -94,6 +99,14 @@ TOOLS = {
 
         async def limited(name: str, args: list, ctx: ToolContext) -> dict:
             return await catch(name, args, ctx)
+
+
+        async def nothing(name: str, args: list, ctx: ToolContext) -> dict:
+            return await catch(name, args, ctx)
+
+
+        async def selfish(ctx: ToolContext) -> dict:
+            return await catch("selfish", [], ctx)
 
 
         async def env(name: str, ctx: ToolContext) -> dict:
@@ -480,6 +493,23 @@ async def test_uses_limits_what_a_tool_may_call(project: Path) -> None:
         records = await host.store.tail(100)
     refused = next(r for r in records if r.rule == "uses")
     assert refused.tool == "whoami" and refused.caller == "tool" and refused.outcome == "denied"
+
+
+async def test_an_empty_uses_entry_lets_a_tool_call_nothing(project: Path) -> None:
+    """``[]`` is a list of no tools, not "no list": every nested call is refused."""
+    async with Host.open(project) as host:
+        for name, args in (("echo", ["hi"]), ("whoami", [])):
+            got = await host.call("nothing", name, args)
+            assert got["kind"] == "policy_denied" and got["rule"] == "uses", got
+            assert "nothing may call only the tools its __uses__ lists (none)" in got["text"]
+
+
+async def test_a_tool_calling_itself_is_a_cycle(project: Path) -> None:
+    """Its ``__uses__`` lists itself and policy allows it: still a cycle, refused."""
+    async with Host.open(project) as host:
+        got = await host.call("selfish")
+        assert got["kind"] == "policy_denied" and got["rule"] == "call_cycle", got
+        assert "app > selfish" in got["text"]
 
 
 async def test_depth_and_cycles_are_refused(project: Path) -> None:

@@ -7,8 +7,10 @@ Each mutation in ``mutations.toml`` names a file, an exact piece of its text (fo
 exactly once) and what replaces it, and the tests that guard it. For each, the checkout's
 packages and tests are copied to a fresh folder, the break is made there, and the tests
 run (one process, ``-x``). The break is *killed* when they fail, *survives* when they
-pass: a survivor is a bug in the tests. The kill rate is printed, and written as JSON to
-``--report`` if given; the exit status is 1 when anything survived.
+pass: a survivor is a bug in the tests. First, as a control, the same tests run on an
+unmutated copy and must pass. The kill rate is printed, and written as JSON to
+``--report`` if given; the exit status is 1 when anything survived, 2 when the control
+failed.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ def apply(mutation: Mutation, tree: Path) -> None:
     path.write_text(text.replace(mutation.find, mutation.replace), encoding="utf-8")
 
 
-def run(mutation: Mutation, timeout: float) -> tuple[str, float, str]:
-    with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as tmp:
+def run(mutation: Mutation | None, tests: list[str], timeout: float) -> tuple[str, float, str]:
+    """Run ``tests`` on a copy of the checkout with ``mutation`` made (None: as it is)."""
+    label = mutation.name if mutation is not None else "baseline"
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{label}-") as tmp:
         tree = Path(tmp) / "tree"
         for name in COPIED:
             source = ROOT / name
@@ -73,13 +77,14 @@ def run(mutation: Mutation, timeout: float) -> tuple[str, float, str]:
             else:
                 tree.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, tree / name)
-        apply(mutation, tree)
+        if mutation is not None:
+            apply(mutation, tree)
         start = time.monotonic()
         try:
             done = subprocess.run(
                 [
                     *(sys.executable, "-m", "pytest", "-q", "-x", "-n", "0"),
-                    *("-p", "no:cacheprovider", *mutation.tests),
+                    *("-p", "no:cacheprovider", *tests),
                 ],
                 cwd=tree,
                 capture_output=True,
@@ -114,9 +119,16 @@ def main() -> int:
         if unknown:
             raise SystemExit(f"no such mutation: {sorted(unknown)}")
         mutations = [m for m in mutations if m.name in args.only]
+    # The control: unmutated, the tests pass (else every mutation would look killed).
+    tests = sorted({t for m in mutations for t in m.tests})
+    outcome, spent, tail = run(None, tests, args.timeout)
+    if outcome != "SURVIVED":
+        print(f"the tests fail with no mutation made ({outcome}, {spent:.1f} s):\n{tail}")
+        return 2
+    print(f"{'baseline passes':24} {spent:6.1f} s  ({len(tests)} test files or ids)")
     results: list[dict[str, object]] = []
     for m in mutations:
-        outcome, spent, tail = run(m, args.timeout)
+        outcome, spent, tail = run(m, m.tests, args.timeout)
         print(f"{outcome:24} {spent:6.1f} s  {m.name}", flush=True)
         if outcome != "killed":
             print("  " + tail.replace("\n", "\n  "), flush=True)
