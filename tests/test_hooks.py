@@ -171,6 +171,40 @@ async def test_chains_replace_keep_and_survive_a_raising_hook(
         assert SECRET not in repr(failed) and "⟨secret TOKEN⟩" in failed[0].data["error"]
 
 
+async def test_a_raising_started_hook_never_fails_the_call(
+    make_project: Callable[..., Path],
+) -> None:
+    """``tool_call_started`` hooks observe: one that raises, sync or async, is reported
+    (``hook_failed``) and the call runs all the same; the hooks after it still run."""
+    project = make_project(TOOLS, POLICY)
+    async with Host.open(project) as host:
+        ran: list[str] = []
+
+        def broken_sync(ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
+            raise RuntimeError("sync started hook broke")
+
+        def after_sync(ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
+            ran.append("after sync")
+
+        async def broken_async(ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
+            raise RuntimeError("async started hook broke")
+
+        def after_async(ctx: HookContext, call: ToolCallInfo, progress: Any) -> None:
+            ran.append("after async")
+
+        host.hook(broken_sync, "tool_call_started", id="broken-sync")
+        host.hook(after_sync, "tool_call_started", id="after-sync")
+        assert await host.call("shout", "still") == "STILL"
+        host.hook(broken_async, "tool_call_started", id="broken-async")
+        host.hook(after_async, "tool_call_started", id="after-async")
+        assert await host.call("shout", "again") == "AGAIN"
+        assert ran == ["after sync", "after sync", "after async"]
+        failed = [e.data["hook"] for e in host.events.recent if e.kind == "hook_failed"]
+        assert failed == ["broken-sync", "broken-sync", "broken-async"]
+        records = await host.store.tail(2)
+        assert [r.outcome for r in records] == ["ok", "ok"]
+
+
 async def test_a_failure_chain_may_recover_or_replace_the_error(
     make_project: Callable[..., Path],
 ) -> None:

@@ -529,3 +529,22 @@ def test_the_command_line_prints_no_secret(proj: Path, token: str, wasm_prepared
     assert json.loads(toolhost("call", "--json", "give", cwd=proj).stdout)["value"]["token"] == (
         token
     )
+
+
+async def test_a_secret_in_a_chained_host_error_is_replaced(proj: Path, token: str) -> None:
+    """An error that leaves the gate is redacted with every host error it was raised from
+    or during (``raise ... from``, and the implicit context), down the chain."""
+    from host.errors import CapsuleCrashed, LimitExceeded
+
+    async with Host.open(proj) as host:
+        deepest = LimitExceeded("call_depth", f"limit hit near {token}", tool="echo")
+        inner = ToolError("fail", type_name="RuntimeError", error_message=f"refused {token}")
+        inner.__context__ = deepest  # raised while handling it
+        outer = CapsuleCrashed("echo", reason=f"crashed holding {KEY}", may_have_executed=True)
+        outer.__cause__ = inner  # raise ... from
+        host.mediator._redact_error(outer)  # pyright: ignore[reportPrivateUsage]
+        for error in (outer, inner, deepest):
+            shown = f"{error} {error!r} {error.args} {json.dumps(error.to_data())}"
+            assert token not in shown and KEY not in shown, shown
+        assert MARK in str(inner) and MARK in inner.error_message and MARK in str(deepest)
+        assert KEY_MARK in str(outer)
