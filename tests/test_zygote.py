@@ -315,3 +315,21 @@ async def test_many_capsules_starting_at_once_wait_for_the_keepers_socket_in_tur
         theirs.close()
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.anyio
+async def test_a_forked_capsule_makes_itself_non_dumpable(
+    make_project: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only by inheriting it: from a keeper left dumpable (a debugger's
+    ``TOOLHOST_KEEP_DUMPABLE=1`` when the host started), a capsule whose settings do not
+    keep it dumpable still makes itself non-dumpable."""
+    root = make_project(tools=PROBE, policy=POLICY)
+    monkeypatch.setenv("TOOLHOST_KEEP_DUMPABLE", "1")
+    async with Host.open(root) as host:
+        assert _forked(_pid(host.default_session))
+        assert await host.call("dumpable") == 1  # the keeper and this capsule: dumpable
+        monkeypatch.delenv("TOOLHOST_KEEP_DUMPABLE")
+        async with host.session() as session:
+            assert _forked(_pid(session))
+            assert await session.call("dumpable") == 0
