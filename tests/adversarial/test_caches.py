@@ -332,6 +332,19 @@ def _lib_remove(folder: Path) -> None:
     next(lib.rglob("*.pyc")).unlink()
 
 
+def _lib_forge(folder: Path) -> None:
+    """A library file edited, and its record rewritten to match, without the host's key:
+    only the record's MAC can tell."""
+    (lib,) = folder.glob("lib-*/")
+    target = lib / "capsule" / "_wire.py"
+    target.write_text(target.read_text() + "\nraise SystemExit('planted')\n")
+    record_path = lib.with_name(lib.name + ".json")
+    record = json.loads(record_path.read_text())
+    (key,) = [k for k in record["files"] if k.endswith("capsule/_wire.py")]
+    record["files"][key] = hashlib.sha256(target.read_bytes()).hexdigest()
+    record_path.write_text(json.dumps(record))
+
+
 def _module_truncate(folder: Path) -> None:
     (cwasm,) = folder.glob("*.cwasm")  # the one the copy holds
     cwasm.write_bytes(cwasm.read_bytes()[:4096])
@@ -342,8 +355,14 @@ def _module_truncate(folder: Path) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     "attack",
-    [_lib_edit, _lib_plant, _lib_remove, _module_truncate],
-    ids=["library file edited", "library file planted", "library file removed", "module truncated"],
+    [_lib_edit, _lib_forge, _lib_plant, _lib_remove, _module_truncate],
+    ids=[
+        "library file edited",
+        "library file edited and its record forged",
+        "library file planted",
+        "library file removed",
+        "module truncated",
+    ],
 )
 async def test_a_sandbox_never_runs_on_a_tampered_cache(
     bank: Callable[..., Bank], real_cache: Path, attack: Callable[[Path], None]
