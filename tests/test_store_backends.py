@@ -174,6 +174,55 @@ async def test_a_grant_changed_in_the_database_answers_nothing(
     assert told and told[0][0] == "grant"
 
 
+@pytest.mark.parametrize("how", ["written", "copied from another request"])
+async def test_an_answer_written_into_the_database_answers_nothing(
+    open_store: Opener, backend: str, request: pytest.FixtureRequest, how: str
+) -> None:
+    """An answer to a pending approval that this store did not sign (written into the
+    database by another process, or a signed answer moved from another request) is read
+    as no answer, by every way of reading it, and the tampering is told."""
+    store = await open_store()
+    told: list[str] = []
+    store.on_tamper = lambda what, detail: told.append(what)
+    await store.add_pending(pending("p1"))
+    assert await store.offer_pending("p1")
+    if how == "written":
+        sql = (
+            "UPDATE pending SET answer_allow = 1, answer_remember = 'once', "
+            "answer_scope = 'call', answer_channel = 'inbox', answered = %s WHERE id = %s"
+        )
+        params: tuple[Any, ...] = (time.time(), "p1")
+    else:
+        await store.add_pending(pending("p2"))
+        assert await store.offer_pending("p2")
+        assert (await store.answer_pending("p2", PendingAnswer(allow=True))).status == "answered"
+        columns = (
+            "answer_allow, answer_remember, answer_scope, answer_channel, answered, answer_mac"
+        )
+        sql = (
+            f"UPDATE pending SET ({columns}) = (SELECT {columns} FROM pending WHERE id = %s) "
+            "WHERE id = %s"
+        )
+        params = ("p2", "p1")
+    if backend == "postgresql":
+        import psycopg
+
+        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+            conn.execute(sql, params)
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(store.where)
+        with conn:
+            conn.execute(sql.replace("%s", "?"), params)
+        conn.close()
+    row = await store.get_pending("p1")
+    assert row is not None and row.answer is None, row
+    listed = {p.id: p for p in await store.pending()}
+    assert listed["p1"].answer is None
+    assert told and set(told) == {"answer"}
+
+
 async def test_the_first_answer_wins_and_the_others_are_told(open_store: Opener) -> None:
     store = await open_store()
     other = await open_store("h2", folder=None)  # a second host on the same database
