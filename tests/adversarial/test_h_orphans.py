@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -193,3 +194,62 @@ def test_the_fork_server_and_its_guests_die_with_its_parent(
         with contextlib.suppress(ProcessLookupError):
             os.kill(parent.pid, signal.SIGKILL)
         parent.communicate(timeout=30)
+
+
+KEEPER_HOST = textwrap.dedent(
+    """
+    import os, socket, subprocess, sys, time
+
+    keeper_child = sys.argv[1]
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    keeper = subprocess.Popen(
+        [sys.executable, "-I", keeper_child, str(os.getpid())],
+        stdin=theirs,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        start_new_session=True,
+    )
+    # Another process holds this end of the keeper's socket: when this process dies,
+    # the keeper reads no end of file; only its watch of the host's pidfd can end it.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        pass_fds=[mine.fileno()],
+        start_new_session=True,
+    )
+    print(keeper.pid, holder.pid, flush=True)
+    time.sleep(1000)
+    """
+)
+
+
+def test_the_keeper_ends_when_its_host_dies_though_its_socket_stays_open() -> None:
+    """The keeper watches its host's pidfd: killing the host ends it even while another
+    process keeps its socket open (so it never reads end of file)."""
+    from host.capsules import _keeper
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", KEEPER_HOST, str(_keeper.CHILD)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    holder = 0
+    try:
+        keeper, holder = read_pids(host, "the keeper's host")
+        pids = [keeper]
+        assert "_keeper_child" in " ".join(psutil.Process(keeper).cmdline())
+        time.sleep(0.5)
+        assert alive(keeper), "the keeper ended before its host"
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(30)
+        assert alive(holder)  # the socket is still open
+        wait_gone_sync(pids, timeout=10.0)
+    finally:
+        for pid in (*pids, holder):
+            if pid:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.pid, signal.SIGKILL)
+        host.communicate(timeout=30)
