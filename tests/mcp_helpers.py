@@ -148,8 +148,9 @@ def make_mcp_project(root: Path) -> Path:
     return root
 
 
-Answer = str | None
-"""What the recording client answers to an elicitation: a decision, or None: decline."""
+Answer = str | dict[str, Any] | None
+"""What the recording client answers to an elicitation: a decision, the whole content
+(``{"decision": ..., "confirm": True}``), or None: decline."""
 
 
 class Recorder:
@@ -176,7 +177,8 @@ class Recorder:
         answer = self.answers.pop(0) if self.answers else "deny"
         if answer is None:
             return types.ElicitResult(action="decline")
-        return types.ElicitResult(action="accept", content={"decision": answer})
+        content = answer if isinstance(answer, dict) else {"decision": answer}
+        return types.ElicitResult(action="accept", content=content)
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         self.logs.append(params)

@@ -171,6 +171,45 @@ async def test_answers_deny_decline_and_remember(project: Path) -> None:
         assert not (await client.call_tool("note", {"text": "two"})).is_error
 
 
+async def test_a_cut_view_is_never_approved_in_one_step(project: Path) -> None:
+    """The bounded view cuts long arguments: over MCP the question then shows them in
+    full, and an allow counts only with the confirmation set (as the terminal and the
+    inbox demand); arguments too long to show at all cannot be approved over MCP."""
+    long = "start " + "x" * 9000 + " the-end-of-it"
+    recorder = Recorder(
+        [
+            "approve_once",  # not confirmed
+            {"decision": "approve_once", "confirm": False},
+            {"decision": "approve_once", "confirm": True},
+            {"decision": "approve_once", "confirm": True},  # too long to show
+        ]
+    )
+    async with served(project) as server, connect(server, recorder) as client:
+        for _ in range(2):
+            refused = error(await client.call_tool("note", {"text": long}))
+            assert refused["kind"] == "not_approved" and "not confirmed" in refused["message"]
+        assert not (project / "out" / "notes.log").exists()
+        assert not (await client.call_tool("note", {"text": long})).is_error
+        asked = recorder.asked[0]
+        assert long in asked.message and "in full" in asked.message  # nothing cut
+        schema: Any = asked.requested_schema
+        assert schema["properties"]["confirm"]["type"] == "boolean"
+        huge = "y" * 40_000
+        too_long = error(await client.call_tool("note", {"text": huge}))
+        assert "too long to approve over MCP" in too_long["message"]
+        assert "too long to show here in full" in recorder.asked[3].message
+        assert huge not in recorder.asked[3].message
+    assert (project / "out" / "notes.log").read_text().splitlines() == [long]
+
+
+async def test_a_plain_request_needs_no_confirmation(project: Path) -> None:
+    recorder = Recorder(["approve_once"])
+    async with served(project) as server, connect(server, recorder) as client:
+        assert not (await client.call_tool("note", {"text": "short"})).is_error
+        schema: Any = recorder.asked[0].requested_schema
+        assert "confirm" not in schema["properties"]
+
+
 async def test_an_inbox_only_rule_is_never_elicited(project: Path) -> None:
     asked: list[ApprovalRequest] = []
 

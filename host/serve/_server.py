@@ -361,16 +361,60 @@ class _Router:
         return answer  # anything else: the escalation denies it
 
 
+_FULL_TEXT: Final = 32 * 1024
+"""Characters of arguments an MCP question shows in full when the bounded view cuts them;
+longer ones cannot be approved over MCP (the inbox or the terminal pages them)."""
+
+_CONFIRM: Final = "confirm"
+"""The form's field an allow of a request with warnings needs, set to true."""
+
+
+def _shown(request: ApprovalRequest) -> tuple[str, bool]:
+    """The arguments as the question shows them, and whether that is all of them.
+
+    A view cut for length is never what is approved in one step: the full text replaces
+    it when it fits in a question, and otherwise no allow over MCP counts."""
+    if not request.elided:
+        return request.rendered, True
+    full = request.full_text()
+    if len(full) <= _FULL_TEXT:
+        return full, True
+    return request.rendered, False
+
+
 def _question(request: ApprovalRequest) -> str:
+    shown, whole = _shown(request)
     lines = [
         f"Let the agent call {request.tool}?",
         f"rule: {request.rule}" + (f": {request.reason}" if request.reason else ""),
-        "arguments, exactly as the tool will receive them:",
-        request.rendered,
+        "arguments, exactly as the tool will receive them"
+        + (", in full:" if request.elided and whole else ":"),
+        shown,
     ]
     lines.extend(f"warning: {w}" for w in request.warnings)
+    if not whole:
+        lines.append(
+            f"The arguments are too long to show here in full ({len(request.full_text())} "
+            "characters): an allow from this client is refused. Answer in the approval "
+            "inbox or at the terminal, which show all of them."
+        )
+    elif request.warnings:
+        lines.append(f"To allow it, also set {_CONFIRM} after reading the warnings above.")
     lines.append(f"Without an answer within {request.timeout:g} s the call is denied.")
     return "\n".join(lines)
+
+
+def _schema(base: dict[str, Any], request: ApprovalRequest) -> dict[str, Any]:
+    """The form: the decision, and for a request with warnings the confirmation."""
+    if not request.warnings:
+        return base
+    confirm = {
+        "type": "boolean",
+        "title": "I have read the warnings",
+        "description": "An allow counts only with this set: the arguments carry warnings.",
+        "default": False,
+    }
+    return {**base, "properties": {**base["properties"], _CONFIRM: confirm}}
 
 
 async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
@@ -378,11 +422,15 @@ async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
     ctx = current.ctx
     if ctx.session.protocol_version >= _TITLED_CHOICES:  # versions are dates: they sort
         result = await ctx.session.elicit_form(
-            _question(request), APPROVAL_SCHEMA, related_request_id=ctx.request_id
+            _question(request),
+            _schema(APPROVAL_SCHEMA, request),
+            related_request_id=ctx.request_id,
         )
     else:  # the form 2025-06-18 defines: no mode, an enum of the choices
         params = types.ElicitRequestFormParams.model_construct(
-            message=_question(request), requested_schema=LEGACY_APPROVAL_SCHEMA, mode=None
+            message=_question(request),
+            requested_schema=_schema(LEGACY_APPROVAL_SCHEMA, request),
+            mode=None,
         )  # mode None: left out of the request, which drops None fields
         result = await ctx.session.send_request(
             types.ElicitRequest(params=params),
@@ -403,6 +451,22 @@ async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
             False, request_id=request.id, note="the answer was none of the choices", channel="mcp"
         )
     allow, remember = answer
+    if allow and not _shown(request)[1]:
+        return Approval(
+            False,
+            request_id=request.id,
+            note="the arguments are too long to approve over MCP; answer in the approval "
+            "inbox or at the terminal",
+            channel="mcp",
+        )
+    if allow and request.warnings and (result.content or {}).get(_CONFIRM) is not True:
+        return Approval(
+            False,
+            request_id=request.id,
+            note=f"an allow was not confirmed ({_CONFIRM} was not set, and the arguments "
+            "carry warnings)",
+            channel="mcp",
+        )
     note = None if allow else "the user of the MCP client denied it"
     return Approval(allow, remember, request_id=request.id, note=note, channel="mcp")
 
