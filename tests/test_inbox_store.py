@@ -150,10 +150,19 @@ async def test_an_old_pending_table_gains_the_new_columns(tmp_path: Path) -> Non
     old.commit()
     old.close()
     store = SQLiteStore(path)
+    told: list[str] = []
+    store.on_tamper = lambda what, detail: told.append(what)
     await store.attach()
     try:
-        (row,) = await store.pending()
-        assert (row.id, row.offered, row.answer, row.warnings) == ("old", False, None, ())
+        with sqlite3.connect(path) as conn:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(pending)")}
+        assert {"warnings", "offered", "answer_mac", "chain", "view_mac"} <= columns
+        # A row no key signed (an older host wrote it, or anyone with the file) is neither
+        # listed nor answerable: what it would show an approver cannot be trusted.
+        assert await store.pending() == [] and await store.get_pending("old") is None
+        assert told and set(told) == {"pending"}
+        await store.add_pending(_row("new", expires=time.time() + 60))
+        assert [p.id for p in await store.pending()] == ["new"]
     finally:
         await store.aclose()
 

@@ -57,10 +57,10 @@ async def test_replicas_starting_together_migrate_once(pg_url: str) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(anyio.to_thread.run_sync, one)
-    assert sorted(applied) == [[], [], [], [1]]
+    assert sorted(applied) == [[], [], [], [1, 2]]
     assert await migrate_store(pg_url) == []
     report = await check_store(pg_url)
-    assert (report["schema"], report["expected"], report["hosts"]) == (1, 1, [])
+    assert (report["schema"], report["expected"], report["hosts"]) == (2, 2, [])
 
 
 def test_the_store_commands(
@@ -73,11 +73,11 @@ def test_the_store_commands(
     assert code.value.code == 1 and "run toolhost store migrate" in capsys.readouterr().out
     with pytest.raises(SystemExit) as code:
         main(["store", "migrate", *argv])
-    assert code.value.code == 0 and "applied schema version(s) 1" in capsys.readouterr().out
+    assert code.value.code == 0 and "applied schema version(s) 1, 2" in capsys.readouterr().out
     with pytest.raises(SystemExit) as code:
         main(["store", "check", *argv])
     out = capsys.readouterr().out
-    assert code.value.code == 0 and "schema: 1 (up to date)" in out and "hosts: 0" in out
+    assert code.value.code == 0 and "schema: 2 (up to date)" in out and "hosts: 0" in out
     with pytest.raises(SystemExit) as code:  # a project on SQLite has no store to check
         main(["store", "check", "--project", str(tmp_path)])
     assert code.value.code != 0 and "use SQLite" in capsys.readouterr().err

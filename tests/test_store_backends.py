@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,55 @@ async def test_an_answer_written_into_the_database_answers_nothing(
     listed = {p.id: p for p in await store.pending()}
     assert listed["p1"].answer is None
     assert told and set(told) == {"answer"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE pending SET rendered = 'target = \"/tmp/harmless\"' WHERE id = %s",
+        "UPDATE pending SET warnings = '[]' WHERE id = %s",
+        "UPDATE pending SET reason = 'Routine and safe.' WHERE id = %s",
+        "UPDATE pending SET tool = 'harmless' WHERE id = %s",
+        "UPDATE pending SET view_mac = NULL WHERE id = %s",
+    ],
+    ids=["arguments shown", "warnings dropped", "reason", "tool", "mac removed"],
+)
+async def test_what_an_approver_is_shown_cannot_be_changed_in_the_database(
+    open_store: Opener, backend: str, request: pytest.FixtureRequest, change: str
+) -> None:
+    """The display of a pending request is signed when it is written: changed in the
+    database by anybody without the host's key, the request is no longer listed nor
+    answerable (and so its call is denied), and the tampering is told."""
+    store = await open_store()
+    told: list[str] = []
+    store.on_tamper = lambda what, detail: told.append(what)
+    row = replace(pending("p1"), warnings=("the view cuts 4 KiB of the arguments",))
+    await store.add_pending(row)
+    await store.add_pending(pending("p2"))
+    assert {p.id for p in await store.pending()} == {"p1", "p2"}
+    _sql(backend, request, store, change, ("p1",))
+    assert [p.id for p in await store.pending()] == ["p2"]
+    assert await store.get_pending("p1") is None
+    assert await store.get_pending("p2") is not None  # the others stand
+    assert told and set(told) == {"pending"}
+
+
+def _sql(
+    backend: str, request: pytest.FixtureRequest, store: Any, sql: str, params: tuple[Any, ...]
+) -> None:
+    """Run ``sql`` (``%s`` placeholders) on the store's database as another process would."""
+    if backend == "postgresql":
+        import psycopg
+
+        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+            conn.execute(sql, params)
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(store.where)
+        with conn:
+            conn.execute(sql.replace("%s", "?"), params)
+        conn.close()
 
 
 async def test_the_first_answer_wins_and_the_others_are_told(open_store: Opener) -> None:

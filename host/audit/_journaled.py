@@ -10,6 +10,7 @@ as they are read back. :class:`~host.audit._sqlite.SQLiteStore` and
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +28,7 @@ from ._journal import DECIDED, END, ROW, Ingester, Journal
 from ._pending import RowLike
 from ._records import (
     DONE,
+    AnswerResult,
     AuditRecord,
     Grant,
     Outcome,
@@ -368,11 +370,52 @@ class JournaledStore:
             answer.answered,
         )
 
-    def _checked(self, pending: PendingApproval | None) -> PendingApproval | None:
-        """``pending`` with its answer only if this store signed it: an answer written
-        into the database by anybody else (to approve a call) answers nothing."""
+    def _view_parts(self, pending: PendingApproval) -> tuple[Any, ...]:
+        """What an approver is shown of ``pending``, and what identifies it (not its
+        ``expires``, which offering moves, nor its answer, which has a MAC of its own)."""
+        return (
+            self._db_id,
+            pending.id,
+            pending.host_id,
+            repr(pending.created),
+            pending.call_id,
+            pending.session,
+            pending.caller,
+            pending.tool,
+            pending.rule,
+            pending.reason,
+            pending.args_sha256,
+            pending.rendered,
+            pending.description,
+            json.dumps(list(pending.warnings)),
+            None if pending.approvers is None else json.dumps(list(pending.approvers)),
+            json.dumps(list(pending.chain)),
+        )
+
+    def _signed_view(self, pending: PendingApproval) -> PendingApproval:
+        """``pending`` with the MAC of what an approver is shown of it."""
         key = self._key
-        if pending is None or pending.answer is None or key is None:
+        if key is None:
+            return pending
+        return replace(pending, view_mac=key.mac("pending-view", *self._view_parts(pending)))
+
+    def _checked(self, pending: PendingApproval | None) -> PendingApproval | None:
+        """``pending`` if this store signed what an approver is shown of it (else None:
+        a request whose view was written or changed in the database by anybody else is
+        neither listed nor answered), with its answer only if this store signed that too
+        (an answer written into the database, to approve a call, answers nothing)."""
+        key = self._key
+        if pending is None or key is None:
+            return pending
+        if not key.verify(pending.view_mac, "pending-view", *self._view_parts(pending)):
+            self._tell(
+                "pending",
+                f"what request {pending.id} ({ascii(pending.tool)[:80]}) shows an approver "
+                "is not signed by this host's key (written or changed in the database): "
+                "not shown, not answerable",
+            )
+            return None
+        if pending.answer is None:
             return pending
         if key.verify(
             pending.answer.mac, "answer", *self._answer_parts(pending.id, pending.answer)
@@ -384,6 +427,14 @@ class JournaledStore:
             "this host's key: ignored",
         )
         return replace(pending, answer=None)
+
+    def _answered(self, result: AnswerResult) -> AnswerResult:
+        """``result`` as the store's reader may trust it: a request whose view this store
+        did not sign is ``gone`` (whatever was written, its call never counts it)."""
+        checked = self._checked(result.pending)
+        if result.pending is not None and checked is None:
+            return AnswerResult("gone")
+        return replace(result, pending=checked)
 
     def pending_version(self) -> int:
         return self._changes.version

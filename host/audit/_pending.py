@@ -54,6 +54,7 @@ _COLUMNS: dict[str, str] = {
     "answered": "REAL",
     "answer_mac": "TEXT",
     "chain": "TEXT NOT NULL DEFAULT '[]'",
+    "view_mac": "TEXT",
 }
 """Columns added to the ``pending`` table of the first schema (kept in place: rows of a
 running older host stay readable)."""
@@ -119,6 +120,7 @@ def from_row(row: RowLike) -> PendingApproval:
         offered=bool(row["offered"]) if "offered" in keys else False,
         answer=answer,
         chain=tuple(strings(row["chain"])) if "chain" in keys else (),
+        view_mac=row["view_mac"] if "view_mac" in keys else None,
     )
 
 
@@ -139,6 +141,7 @@ def row_values(pending: PendingApproval) -> dict[str, Any]:
     values["approvers"] = None if pending.approvers is None else json.dumps(pending.approvers)
     values["offered"] = int(pending.offered)
     values["chain"] = json.dumps(list(pending.chain))
+    values["view_mac"] = pending.view_mac
     return values
 
 

@@ -509,7 +509,7 @@ class PgStore(JournaledStore):
     # -- pending approvals ------------------------------------------------------------------
 
     async def add_pending(self, pending: PendingApproval) -> None:
-        values = _pending.row_values(pending)
+        values = _pending.row_values(self._signed_view(pending))
 
         def work(conn: _Conn) -> None:
             with conn.transaction():
@@ -596,7 +596,7 @@ class PgStore(JournaledStore):
 
         result = await self._run(work)
         self._changes.bump()
-        return replace(result, pending=self._checked(result.pending))
+        return self._answered(result)
 
     # -- a session's own state --------------------------------------------------------------
 

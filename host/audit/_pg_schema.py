@@ -128,7 +128,12 @@ CREATE TABLE attachments (
 CREATE INDEX attachments_session ON attachments (session);
 """
 
-MIGRATIONS: Final[tuple[tuple[int, str], ...]] = ((1, _V1),)
+_V2: Final = """
+ALTER TABLE pending ADD COLUMN view_mac text;
+"""
+"""The MAC over what an approver is shown of a pending request (``PendingApproval.view_mac``)."""
+
+MIGRATIONS: Final[tuple[tuple[int, str], ...]] = ((1, _V1), (2, _V2))
 """``(version, SQL)`` in order; a new version is appended, never edited."""
 
 VERSION: Final = MIGRATIONS[-1][0]

@@ -237,9 +237,15 @@ class PendingApproval:
     chain: tuple[str, ...] = ()
     """For a nested call (a tool calling another through its context): the callers above
     it, outermost first, as :attr:`host.ApprovalRequest.chain`."""
+    view_mac: str | None = None
+    """The host key's MAC over what an approver is shown (tool, rule, reason, rendered
+    arguments and their digest, description, warnings, approvers, chain...): a row whose
+    view was written or changed by anyone without the key is neither listed nor answered."""
 
     def to_data(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["view_mac"]
+        return data
 
 
 AnswerStatus = Literal["answered", "answered_before", "expired", "not_offered", "gone"]

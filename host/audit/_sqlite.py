@@ -475,6 +475,8 @@ class SQLiteStore(JournaledStore):
     # -- pending approvals -----------------------------------------------------------------
 
     async def add_pending(self, pending: PendingApproval) -> None:
+        pending = self._signed_view(pending)
+
         def work(conn: sqlite3.Connection) -> None:
             _pending.insert(conn, pending)
 
@@ -520,7 +522,7 @@ class SQLiteStore(JournaledStore):
 
         result = await self._run(work)
         self._changes.bump()
-        return replace(result, pending=self._checked(result.pending))
+        return self._answered(result)
 
     # -- a session's own state -------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,8 @@ async def test_an_answer_the_host_did_not_sign_approves_nothing(
                     request.id,
                 )
             else:  # a real answer, signed for another request, moved onto this one
-                _copy_request(b, request.id, "other")
+                # another request, as the host writes one (its view signed)
+                await store.add_pending(replace(request, id="other", answer=None))
                 answered = await store.answer_pending("other", PendingAnswer(True))
                 assert answered.status == "answered"
                 b.sql(
@@ -221,17 +223,48 @@ async def test_an_answer_the_host_did_not_sign_approves_nothing(
     assert reported and "not signed by this host's key" in reported[0]
 
 
-def _copy_request(bank: Bank, pending_id: str, new_id: str) -> None:
-    conn = sqlite3.connect(bank.db)
-    try:
-        with conn:
-            conn.execute(
-                "CREATE TEMP TABLE copy AS SELECT * FROM pending WHERE id = ?", (pending_id,)
-            )
-            conn.execute("UPDATE copy SET id = ?", (new_id,))
-            conn.execute("INSERT INTO pending SELECT * FROM copy")
-    finally:
-        conn.close()
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE pending SET rendered = 'to = \"alice\"' WHERE id = ?",  # who gets paid
+        "UPDATE pending SET warnings = '[]', reason = 'Routine.' WHERE id = ?",
+    ],
+    ids=["arguments shown", "warnings and reason"],
+)
+async def test_a_request_whose_view_was_changed_is_never_shown_nor_approved(
+    bank: Callable[..., Bank], change: str
+) -> None:
+    """What the inbox shows an approver comes from the database; changed there (to make
+    a payment to mallory look like one to alice), the request is no longer listed or
+    answerable: the call is denied at its deadline and the tampering is reported."""
+    from host.audit import PendingAnswer
+
+    b = bank(timeout="2s")
+    async with b.open(approver="inbox") as host:
+        store = host.store
+        assert isinstance(store, SQLiteStore)
+        results: list[Any] = []
+
+        async def call() -> None:
+            try:
+                results.append(await host.call("transfer", "mallory"))
+            except NotApproved as exc:
+                results.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
+                    await anyio.sleep(0.01)
+            (request,) = await store.pending()
+            b.sql(change, request.id)
+            assert await store.pending() == []  # the inbox lists nothing to approve
+            answered = await store.answer_pending(request.id, PendingAnswer(True))
+            assert answered.status == "gone"  # not answerable: its view is not what was asked
+        reported = _tampered(host, "pending")
+    assert b.ran() == []  # mallory was never paid
+    assert len(results) == 1 and isinstance(results[0], NotApproved), results
+    assert reported and "not signed by this host's key" in reported[0]
 
 
 async def test_an_answer_given_through_the_store_still_approves(
