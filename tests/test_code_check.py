@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -308,3 +310,41 @@ async def test_a_secret_quoted_by_a_diagnostic_is_replaced(
         assert secret not in result.check.diagnostics[0].message
         assert secret not in result.error.message
         assert "is not assignable to declared type" in result.check.diagnostics[0].message
+
+
+@pytest.mark.anyio
+async def test_the_checker_reads_no_file_outside_its_folder(
+    proj: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent code cannot have pyright read a file the host's user can read and quote its
+    constants in a diagnostic: not by a relative import climbing out of the checker's
+    folder (refused before pyright sees the code), nor by an absolute import of a module
+    beside the host's packages (the folder above ``host``: a checkout or site-packages)."""
+    from host.check import _checker
+
+    secret = "whsec-" + os.urandom(8).hex()
+    # Beside the checker's own folder (both in the temporary folder), with a name that
+    # imports: a relative import of two dots reaches it from the checked document.
+    beside = Path(tempfile.mkdtemp(prefix="checkerleak", dir=tempfile.gettempdir()))
+    try:
+        (beside / "webhooks.py").write_text(f"SIGNING = {secret!r}\n")
+        real_parent = Path(_checker._HOST_PARENT)  # pyright: ignore[reportPrivateUsage]
+        (beside / "host").symlink_to(real_parent / "host")  # it stands for the folder
+        (beside / "capsule").symlink_to(real_parent / "capsule")  # that holds host/
+        monkeypatch.setattr(_checker, "_HOST_PARENT", str(beside))
+        async with Host.open(proj) as host:
+            relative = await host.run_code(
+                f"from ..{beside.name}.webhooks import SIGNING\nx: int = SIGNING"
+            )
+            absolute = await host.run_code("from webhooks import SIGNING\nx: int = SIGNING")
+            stdlib = await host.run_code("import json\nx: int = json.dumps(1)")
+    finally:
+        shutil.rmtree(beside, ignore_errors=True)
+    for result in (relative, absolute):
+        assert result.check is not None
+        shown = json.dumps(result.check.model_dump())
+        assert secret not in shown and "whsec-" not in shown, shown
+    assert relative.check is not None and relative.check.status == "errors"
+    assert "relative imports are not available" in relative.check.diagnostics[0].message
+    assert stdlib.check is not None and stdlib.check.status == "errors"  # still checked
+    assert '"str"' in stdlib.check.diagnostics[0].message

@@ -168,14 +168,31 @@ class CodeChecker:
             self._tg.start_soon(server.kill)
 
     def _workspace(self) -> Path:
+        """The checker's folder. What it may import is only what it holds: the stub, the
+        host's packages (the stub's error classes) through links in ``lib/``, and an empty
+        environment (``env/``): no site-packages, and not the folder above ``host`` (a
+        checkout, or site-packages), whose other files agent code could import to have
+        pyright quote their constants back."""
         root = self._root
         if root is None:
             root = self._root = Path(tempfile.mkdtemp(prefix="toolhost-check-"))
         (root / "__builtins__.pyi").write_text(self._scope.render_pyi(), encoding="utf-8")
+        lib = root / "lib"
+        lib.mkdir(exist_ok=True)
+        for package in ("host", "capsule"):
+            link = lib / package
+            if not link.is_symlink():
+                link.symlink_to(Path(_HOST_PARENT) / package, target_is_directory=True)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        (root / "env" / "lib" / f"python{version}" / "site-packages").mkdir(
+            parents=True, exist_ok=True
+        )
         config = {
             **_CONFIG,
-            "extraPaths": [_HOST_PARENT],
-            "pythonVersion": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "extraPaths": [str(lib)],
+            "venvPath": str(root),
+            "venv": "env",
+            "pythonVersion": version,
         }
         (root / "pyrightconfig.json").write_text(json.dumps(config), encoding="utf-8")
         return root
@@ -225,6 +242,9 @@ class CodeChecker:
         modules: Iterable[str] = (),
     ) -> CodeCheck:
         """Check ``source``; never raises for the checker's own failures."""
+        relative = _relative_imports(source)
+        if relative:  # never handed to pyright: it would read files outside the workspace
+            return CodeCheck(mode=mode, status="errors", diagnostics=relative)
         try:
             with anyio.fail_after(self.timeout):
                 raw = await self._diagnostics(source)
@@ -269,6 +289,31 @@ class CodeChecker:
                 await server.kill()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _relative_imports(source: str) -> list[CodeDiagnostic]:
+    """A diagnostic for each relative import in ``source`` (agent code is no package: it
+    cannot import relatively, and a relative import climbing out of the checker's folder
+    would have pyright read, and quote, any file it can reach). Empty when there is none
+    or the source does not parse (pyright then says why)."""
+    try:
+        flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree: ast.AST = compile(source, "<run>", "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = [
+        CodeDiagnostic(
+            line=node.lineno,
+            column=node.col_offset + 1,
+            kind="unknown_name",
+            message="relative imports are not available in agent code (it is not a "
+            "package): import the run's modules by their names",
+            rule="relativeImport",
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    return found[:_MAX_DIAGNOSTICS]
 
 
 def _field(value: Any, key: str) -> Any:
