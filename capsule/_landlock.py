@@ -15,6 +15,8 @@ What the capsule is asked for (:func:`restrict`, from the host's ``Guard``):
   minus the ``deny_write`` paths;
 * **reads** of file contents everywhere but beneath ``deny_read`` (folder listings stay
   allowed: names of the denied folders' entries show, their contents do not);
+* **network** (ABI 4): no TCP ``bind`` or ``connect`` but to the ports the policy
+  allows (``[capsules] network``), whatever the address (Landlock filters ports, not hosts);
 * **scopes** (ABI 6): no signal to a process outside the domain (the reaper, the host,
   another session's capsule) and no connection to an abstract Unix socket made outside it.
   Landlock also denies tracing (``ptrace``, ``/proc/PID/mem``) of processes outside it.
@@ -36,7 +38,7 @@ import stat
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["abi", "restrict", "SCOPED_ABI"]
+__all__ = ["abi", "restrict", "NET_ABI", "SCOPED_ABI"]
 
 _CREATE_RULESET = 444  # the same numbers on every architecture using the generic table
 _ADD_RULE = 445
@@ -60,6 +62,12 @@ _MAKE_SYM = 1 << 12
 _REFER = 1 << 13  # ABI 2
 _TRUNCATE = 1 << 14  # ABI 3
 _IOCTL_DEV = 1 << 15  # ABI 5
+
+_NET_BIND_TCP = 1 << 0  # ABI 4
+_NET_CONNECT_TCP = 1 << 1  # ABI 4
+_RULE_NET_PORT = 2
+NET_ABI = 4
+"""The first ABI that handles TCP bind and connect: Linux 6.7."""
 
 _SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 _SCOPE_SIGNAL = 1 << 1  # ABI 6
@@ -100,6 +108,10 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
 
+class _NetPortAttr(ctypes.Structure):
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
+
+
 def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -126,16 +138,17 @@ def abi() -> int:
 class _Ruleset:
     """A ruleset being built, clamped to what the running kernel knows."""
 
-    def __init__(self, version: int, fs: int, scoped: int) -> None:
+    def __init__(self, version: int, fs: int, scoped: int, net: int = 0) -> None:
         self._libc = _libc()
         self._syscall = self._libc.syscall
         self._syscall.restype = ctypes.c_long
         self.fs = fs & _FS_BY_ABI.get(version, _FS_LATEST)
         self.scoped = scoped if version >= SCOPED_ABI else 0
-        attr = _RulesetAttr(self.fs, 0, self.scoped)
+        self.net = net if version >= NET_ABI else 0
+        attr = _RulesetAttr(self.fs, self.net, self.scoped)
         # The smallest size that holds the fields used: an older kernel refuses a larger
         # struct whose tail it does not know (E2BIG) unless that tail is zero.
-        size = 24 if self.scoped else 8
+        size = 24 if self.scoped else 16 if self.net else 8
         self.fd = _check(
             self._syscall(
                 _CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
@@ -173,6 +186,23 @@ class _Ruleset:
             )
         finally:
             os.close(fd)
+
+    def grant_port(self, port: int, access: int) -> None:
+        """Grant ``access`` (TCP bind, connect) on ``port``, whatever the address."""
+        access &= self.net
+        if not access:
+            return
+        attr = _NetPortAttr(access, port)
+        _check(
+            self._syscall(
+                _ADD_RULE,
+                ctypes.c_int(self.fd),
+                ctypes.c_int(_RULE_NET_PORT),
+                ctypes.byref(attr),
+                ctypes.c_uint32(0),
+            ),
+            f"landlock_add_rule(port {port})",
+        )
 
     def enforce(self) -> None:
         """No new privileges, then the domain: this thread and everything it starts."""
@@ -231,8 +261,9 @@ def restrict(spec: Mapping[str, Any]) -> int:
     """Confine this process (and everything it starts) as ``spec`` says; returns the ABI.
 
     ``spec``: ``write`` (roots beneath which writing is allowed), ``deny_write`` and
-    ``deny_read`` (paths beneath which it is not; a path need not exist). Call it before
-    any thread starts.
+    ``deny_read`` (paths beneath which it is not; a path need not exist), ``network``
+    (``"none"``: no TCP bind or connect but to the ``connect_ports``; ``"all"``, or
+    absent: TCP is not restricted). Call it before any thread starts.
 
     Raises:
         OSError: Landlock is missing or refused the ruleset; nothing was restricted
@@ -244,11 +275,17 @@ def restrict(spec: Mapping[str, Any]) -> int:
         raise OSError(38, "this kernel has no Landlock")
     deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
     deny_read = _real(spec.get("deny_read", ()))
+    closed = spec.get("network", "all") == "none"
     rules = _Ruleset(
         version,
         fs=_WRITE_RIGHTS | _READ_FILE | _REFER,
         scoped=_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET,
+        net=_NET_BIND_TCP | _NET_CONNECT_TCP if closed else 0,
     )
+    for port in spec.get("connect_ports", ()) if closed else ():
+        if type(port) is not int or not 0 < port < 65536:
+            raise ValueError(f"connect_ports holds {port!r}, not a port")
+        rules.grant_port(port, _NET_CONNECT_TCP)
     # A cross-folder rename or link needs REFER, which every ruleset denies unless it is
     # granted: grant it everywhere. A move that would give a file more rights where it
     # lands (out of a denied folder) is still refused (EXDEV), and creating or removing

@@ -23,10 +23,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 __all__ = ["Guard", "Containment", "PROTECTED", "WRITABLE", "containment", "project_guard"]
 
@@ -55,21 +55,31 @@ class Guard:
     """Paths beneath which it is not, even inside a root (they need not exist)."""
     deny_read: tuple[str, ...]
     """Paths whose file contents cannot be read (nor written)."""
+    network: Literal["none", "all"] = "none"
+    """``none``: no TCP bind or connect but to ``connect_ports``; ``all``: TCP as it is."""
+    connect_ports: tuple[int, ...] = ()
 
     def to_data(self) -> dict[str, Any]:
         return {
             "write": list(self.write),
             "deny_write": list(self.deny_write),
             "deny_read": list(self.deny_read),
+            "network": self.network,
+            "connect_ports": list(self.connect_ports),
         }
 
 
 def project_guard(
-    root: Path, tools_dir: str | Path, caches: Iterable[Path] = (), private: Iterable[Path] = ()
+    root: Path,
+    tools_dir: str | Path,
+    caches: Iterable[Path] = (),
+    private: Iterable[Path] = (),
+    network: Literal["none", "all"] | Sequence[int] = "none",
 ) -> Guard:
     """The guard of a project folder: what is written above, for tools loaded from
     ``tools_dir``; ``caches`` are the host's cache folders (never writable either);
-    ``private`` are folders tools may neither read nor write (the host's key)."""
+    ``private`` are folders tools may neither read nor write (the host's key);
+    ``network`` is ``[capsules] network``."""
     root = Path(root)
     protected = [root / name for name in PROTECTED]
     code = [*_HOST_CODE, Path(sys.prefix)]
@@ -77,6 +87,8 @@ def project_guard(
         write=(str(root), *WRITABLE),
         deny_write=tuple(str(p) for p in (*protected, Path(tools_dir), *caches, *code)),
         deny_read=(str(root / ".agent"), *(str(p) for p in private)),
+        network="all" if network == "all" else "none",
+        connect_ports=() if isinstance(network, str) else tuple(network),
     )
 
 

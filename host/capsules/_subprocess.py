@@ -24,9 +24,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -479,6 +479,7 @@ async def start_subprocess(
     project: Path | None = None,
     caches: tuple[Path, ...] = (),
     zygote: bool = True,
+    network: Literal["none", "all"] | Sequence[int] = "none",
 ) -> SubprocessTransport:
     """Start a ``python -m capsule`` child and load the tool files into it.
 
@@ -513,7 +514,11 @@ async def start_subprocess(
         # The host's key signs what the host trusts (grants, the journal, caches): a tool
         # that could read it could forge them.
         guard = project_guard(
-            project, request.tools_dir, (*caches, *extra), private=(key_path().parent,)
+            project,
+            request.tools_dir,
+            (*caches, *extra),
+            private=(key_path().parent,),
+            network=network,
         )
     settings = {
         "landlock": None if guard is None else guard.to_data(),
@@ -543,14 +548,21 @@ def subprocess_capsules(
     caches: tuple[Path, ...] = (),
     *,
     zygote: bool = True,
+    network: Literal["none", "all"] | Sequence[int] = "none",
 ) -> TransportFactory:
     """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``),
-    confined to the guard of ``project`` when it is given (``caches``: see there), forked
-    from the zygote unless ``zygote`` is false (``[capsules] zygote``)."""
+    confined to the guard of ``project`` when it is given (``caches``: see there; with
+    the TCP ``network`` allows), forked from the zygote unless ``zygote`` is false
+    (``[capsules] zygote``)."""
     if python is None and project is None and zygote:
         return start_subprocess
     return functools.partial(
-        start_subprocess, python=python, project=project, caches=caches, zygote=zygote
+        start_subprocess,
+        python=python,
+        project=project,
+        caches=caches,
+        zygote=zygote,
+        network=network,
     )
 
 

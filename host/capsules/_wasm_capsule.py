@@ -329,7 +329,11 @@ def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
     subprocess capsules (under ``[capsules] python``, if set; confined to the project's
     guard), plus a Wasm capsule for the files it names."""
     native = subprocess_capsules(
-        capsules.interpreter(root), root, _caches(), zygote=capsules.zygote
+        capsules.interpreter(root),
+        root,
+        _caches(),
+        zygote=capsules.zygote,
+        network=capsules.network,
     )
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(

@@ -258,6 +258,11 @@ class CapsulesConfig(_Model):
     environment's ``.venv/bin/python``, relative to the project), so tools import what is
     installed there; by default, the host's own. It must be CPython 3.11 or later with
     ``msgpack`` installed: the host checks that when it starts."""
+    network: Literal["none", "all"] | list[Annotated[int, Field(gt=0, lt=65536)]] = "none"
+    """What TCP the subprocess tool capsules may use: ``"none"`` (the default: no
+    connection and no listening socket, loopback included, where Landlock has ABI 4,
+    Linux 6.7), a list of ports they may connect to (on any host: Landlock filters ports,
+    not addresses), or ``"all"``. Wasm capsules have no network whatever this says."""
     zygote: bool = True
     """Fork each subprocess tool capsule from a process that has imported the capsule
     runtime already (the host's keeper), so a new session's capsule shares it and costs a
