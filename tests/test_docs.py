@@ -146,9 +146,15 @@ def test_the_marked_examples_run_alone(block: Block, tmp_path: Path) -> None:
             timeout=60,
         )
         assert made.returncode == 0, made.stderr
+    done = _run(source, cwd, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def _run(source: str, cwd: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``source`` as a script of its own, in a fresh interpreter, from ``cwd``."""
     script = tmp_path / "example.py"
     script.write_text(source, encoding="utf-8")
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script)],
         cwd=cwd,
         capture_output=True,
@@ -156,7 +162,6 @@ def test_the_marked_examples_run_alone(block: Block, tmp_path: Path) -> None:
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
 
 def _commands() -> set[str]:
@@ -228,16 +233,7 @@ def test_the_docs_say_what_a_new_user_trips_on() -> None:
 @pytest.mark.subprocess
 def test_the_approver_example_prints_the_request_and_the_result(tmp_path: Path) -> None:
     (block,) = [b for b in RUN if b.page.name == "approvals.md"]
-    script = tmp_path / "example.py"
-    script.write_text(block.body, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _run(block.body, ROOT, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == (

@@ -205,18 +205,7 @@ async def test_an_answer_written_into_the_database_answers_nothing(
             "WHERE id = %s"
         )
         params = ("p2", "p1")
-    if backend == "postgresql":
-        import psycopg
-
-        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
-            conn.execute(sql, params)
-    else:
-        import sqlite3
-
-        conn = sqlite3.connect(store.where)
-        with conn:
-            conn.execute(sql.replace("%s", "?"), params)
-        conn.close()
+    _sql(backend, request, store, sql, params)
     row = await store.get_pending("p1")
     assert row is not None and row.answer is None, row
     listed = {p.id: p for p in await store.pending()}

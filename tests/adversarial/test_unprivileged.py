@@ -40,6 +40,18 @@ COPIED = ("host", "capsule", "tests", "agent_src", "pyproject.toml")
 IGNORED = ("__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules")
 
 
+def _copy_checkout(checkout: Path) -> None:
+    """What of this checkout the tests need, into ``checkout``."""
+    ignore = shutil.ignore_patterns(*IGNORED)
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, checkout / name, ignore=ignore)
+        elif source.exists():
+            checkout.mkdir(exist_ok=True)
+            shutil.copy2(source, checkout / name)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
@@ -52,16 +64,7 @@ def test_the_state_and_trust_attacks_pass_as_an_unprivileged_user(
     folder = Path(tempfile.mkdtemp(prefix="unprivileged-", dir=user.labs))
     try:
         checkout = folder / "checkout"
-        ignore = shutil.ignore_patterns(
-            "__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules"
-        )
-        for name in COPIED:
-            source = ROOT / name
-            if source.is_dir():
-                shutil.copytree(source, checkout / name, ignore=ignore)
-            elif source.exists():
-                checkout.mkdir(exist_ok=True)
-                shutil.copy2(source, checkout / name)
+        _copy_checkout(checkout)
         folder.chmod(0o755)
         chown_tree(folder, user)
         env = {
@@ -113,16 +116,7 @@ def test_hosts_run_as_the_user_from_a_checkout_in_a_private_folder() -> None:
     try:
         assert folder.stat().st_mode & 0o777 == 0o700
         checkout = folder / "checkout"
-        ignore = shutil.ignore_patterns(
-            "__pycache__", "*.pyc", ".venv", ".hypothesis", "node_modules"
-        )
-        for name in COPIED:
-            source = ROOT / name
-            if source.is_dir():
-                shutil.copytree(source, checkout / name, ignore=ignore)
-            elif source.exists():
-                checkout.mkdir(exist_ok=True)
-                shutil.copy2(source, checkout / name)
+        _copy_checkout(checkout)
         # The README's venv lives in the checkout: one in the private folder, whose
         # site-packages adds ours (root reads it; the user cannot even see the .pth).
         venv = folder / "venv"
