@@ -253,3 +253,64 @@ def test_the_keeper_ends_when_its_host_dies_though_its_socket_stays_open() -> No
         with contextlib.suppress(ProcessLookupError):
             os.kill(host.pid, signal.SIGKILL)
         host.communicate(timeout=30)
+
+
+FREEZER = '''
+import os
+import signal
+from pathlib import Path
+
+
+def block(marker: str) -> str:
+    """Stops the keeper, then itself (the worker, its lifeline thread with it)."""
+    reaper = os.getppid()
+    with open(f"/proc/{reaper}/stat") as f:
+        keeper = int(f.read().rsplit(")", 1)[1].split()[1])
+    Path(marker).write_text(f"{reaper} {keeper}")
+    os.kill(keeper, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return "thawed"
+'''
+
+
+def test_the_reaper_ends_the_capsule_when_the_keeper_and_the_worker_are_frozen(
+    tmp_path: Path,
+) -> None:
+    """Without Landlock's scoping a tool can stop the keeper and its own worker (and the
+    worker's lifeline thread with it); then only the reaper's watch of the host's pidfd
+    sees the host die: it wakes the keeper and kills the rest. Nothing is left."""
+    project = tmp_path / "project"
+    (project / "tools").mkdir(parents=True)
+    (project / "tools" / "freezer.py").write_text(FREEZER)
+    (project / "policy.toml").write_text(
+        'version = 1\n[defaults]\napp = "allow"\n[capsules]\nzygote = false\n'
+    )
+    (project / "out").mkdir()
+    marker = project / "out" / "marker"
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_SCRIPT, str(project), str(marker), "asyncio"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "TOOLHOST_LANDLOCK": "0"},  # so that a tool can signal the keeper
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        pids = read_pids(host, "the host script")
+        reaper, keeper = (int(p) for p in marker.read_text().split())
+        assert {reaper, keeper} <= set(pids), describe(pids)
+        deadline = time.monotonic() + 10
+        while psutil.Process(keeper).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the tool did not stop the keeper"
+            time.sleep(0.02)
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(30)
+        wait_gone_sync(pids, timeout=10.0)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.pid, signal.SIGKILL)
+        host.communicate(timeout=30)
