@@ -369,32 +369,43 @@ _CONFIRM: Final = "confirm"
 """The form's field an allow of a request with warnings needs, set to true."""
 
 
-def _shown(request: ApprovalRequest) -> tuple[str, bool]:
-    """The arguments as the question shows them, and whether that is all of them.
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The arguments as an MCP question shows them (rendered once per question)."""
+
+    text: str
+    whole: bool
+    """Whether ``text`` is all of the arguments: else no allow over MCP counts."""
+    size: int
+    """Characters of the arguments in full."""
+
+
+def _shown(request: ApprovalRequest) -> _Shown:
+    """The arguments as the question shows them.
 
     A view cut for length is never what is approved in one step: the full text replaces
     it when it fits in a question, and otherwise no allow over MCP counts."""
     if not request.elided:
-        return request.rendered, True
+        return _Shown(request.rendered, True, len(request.rendered))
     full = request.full_text()
     if len(full) <= _FULL_TEXT:
-        return full, True
-    return request.rendered, False
+        return _Shown(full, True, len(full))
+    return _Shown(request.rendered, False, len(full))
 
 
-def _question(request: ApprovalRequest) -> str:
-    shown, whole = _shown(request)
+def _question(request: ApprovalRequest, shown: _Shown) -> str:
+    whole = shown.whole
     lines = [
         f"Let the agent call {request.tool}?",
         f"rule: {request.rule}" + (f": {request.reason}" if request.reason else ""),
         "arguments, exactly as the tool will receive them"
         + (", in full:" if request.elided and whole else ":"),
-        shown,
+        shown.text,
     ]
     lines.extend(f"warning: {w}" for w in request.warnings)
     if not whole:
         lines.append(
-            f"The arguments are too long to show here in full ({len(request.full_text())} "
+            f"The arguments are too long to show here in full ({shown.size} "
             "characters): an allow from this client is refused. Answer in the approval "
             "inbox or at the terminal, which show all of them."
         )
@@ -420,15 +431,16 @@ def _schema(base: dict[str, Any], request: ApprovalRequest) -> dict[str, Any]:
 async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
     """Ask the user of the client that made the call, on that call's own stream."""
     ctx = current.ctx
+    shown = _shown(request)
     if ctx.session.protocol_version >= _TITLED_CHOICES:  # versions are dates: they sort
         result = await ctx.session.elicit_form(
-            _question(request),
+            _question(request, shown),
             _schema(APPROVAL_SCHEMA, request),
             related_request_id=ctx.request_id,
         )
     else:  # the form 2025-06-18 defines: no mode, an enum of the choices
         params = types.ElicitRequestFormParams.model_construct(
-            message=_question(request),
+            message=_question(request, shown),
             requested_schema=_schema(LEGACY_APPROVAL_SCHEMA, request),
             mode=None,
         )  # mode None: left out of the request, which drops None fields
@@ -451,7 +463,7 @@ async def _elicit(current: _Request, request: ApprovalRequest) -> Approval:
             False, request_id=request.id, note="the answer was none of the choices", channel="mcp"
         )
     allow, remember = answer
-    if allow and not _shown(request)[1]:
+    if allow and not shown.whole:
         return Approval(
             False,
             request_id=request.id,
