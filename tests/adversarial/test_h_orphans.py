@@ -79,6 +79,18 @@ HOST_SCRIPT = textwrap.dedent(
 )
 
 
+def _end(script: subprocess.Popen[bytes], pids: list[int]) -> None:
+    """A failure leaves nothing running for the next test: ``pids`` (0: none) and the
+    script are killed, and its pipes read to the end."""
+    for pid in pids:
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(script.pid, signal.SIGKILL)
+    script.communicate(timeout=30)
+
+
 def read_pids(process: subprocess.Popen[bytes], what: str) -> list[int]:
     """The pids the script prints on one line (fails if it ends or says nothing)."""
     assert process.stdout is not None
@@ -118,12 +130,7 @@ def test_a_sigkilled_host_leaves_nothing_within_a_second_when_a_tool_blocks_the_
         # The kill is seen: the issue's requirement is every process gone within 1 s.
         wait_gone_sync(pids, timeout=1.0)
     finally:
-        for pid in pids:  # a failure leaves nothing running for the next test
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(host.pid, signal.SIGKILL)
-        host.communicate(timeout=30)
+        _end(host, pids)
 
 
 PARENT_SCRIPT = textwrap.dedent(
@@ -187,13 +194,7 @@ def test_the_fork_server_and_its_guests_die_with_its_parent(
         assert alive(holder)  # the socket is still open
         wait_gone_sync(pids, timeout=10.0)
     finally:
-        for pid in (*pids, holder):
-            if pid:
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(pid).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(parent.pid, signal.SIGKILL)
-        parent.communicate(timeout=30)
+        _end(parent, [*pids, holder])
 
 
 KEEPER_HOST = textwrap.dedent(
@@ -246,13 +247,7 @@ def test_the_keeper_ends_when_its_host_dies_though_its_socket_stays_open() -> No
         assert alive(holder)  # the socket is still open
         wait_gone_sync(pids, timeout=10.0)
     finally:
-        for pid in (*pids, holder):
-            if pid:
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(pid).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(host.pid, signal.SIGKILL)
-        host.communicate(timeout=30)
+        _end(host, [*pids, holder])
 
 
 FREEZER = '''
@@ -308,9 +303,4 @@ def test_the_reaper_ends_the_capsule_when_the_keeper_and_the_worker_are_frozen(
         host.wait(30)
         wait_gone_sync(pids, timeout=10.0)
     finally:
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(host.pid, signal.SIGKILL)
-        host.communicate(timeout=30)
+        _end(host, pids)
