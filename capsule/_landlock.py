@@ -173,17 +173,7 @@ class _Ruleset:
                 access &= _FILE_RIGHTS
                 if not access:
                     return
-            attr = _PathBeneathAttr(access, fd)
-            _check(
-                self._syscall(
-                    _ADD_RULE,
-                    ctypes.c_int(self.fd),
-                    ctypes.c_int(_RULE_PATH_BENEATH),
-                    ctypes.byref(attr),
-                    ctypes.c_uint32(0),
-                ),
-                f"landlock_add_rule({path!r})",
-            )
+            self._add(_RULE_PATH_BENEATH, _PathBeneathAttr(access, fd), repr(path))
         finally:
             os.close(fd)
 
@@ -192,16 +182,19 @@ class _Ruleset:
         access &= self.net
         if not access:
             return
-        attr = _NetPortAttr(access, port)
+        self._add(_RULE_NET_PORT, _NetPortAttr(access, port), f"port {port}")
+
+    def _add(self, kind: int, attr: ctypes.Structure, what: str) -> None:
+        """``landlock_add_rule`` of one rule of ``kind``; raises OSError naming ``what``."""
         _check(
             self._syscall(
                 _ADD_RULE,
                 ctypes.c_int(self.fd),
-                ctypes.c_int(_RULE_NET_PORT),
+                ctypes.c_int(kind),
                 ctypes.byref(attr),
                 ctypes.c_uint32(0),
             ),
-            f"landlock_add_rule(port {port})",
+            f"landlock_add_rule({what})",
         )
 
     def enforce(self) -> None:
