@@ -47,6 +47,9 @@ MAX_KEY: Final = 256
 MAX_ENV_VALUE: Final = 64 * 1024
 """Longest value ``set_env`` takes, in characters."""
 MAX_SESSION_ENV: Final = 256
+MAX_SESSION_SECRETS: Final = 512
+"""Secret values a session's tools may set, over all its names (each is scanned for in
+everything the session shows, so they are bounded); the host's own secrets not counted."""
 """Most names ``set_env`` may set in one session."""
 _MAX_EVENT: Final = 64 * 1024
 _MAX_MESSAGE: Final = 1000
@@ -156,7 +159,14 @@ class SessionContext:
             )
         if secret or self._env.get(name, ("", False))[1]:
             secret = True  # a secret stays secret: a tool cannot unmask one it set
-            self._mediator.add_secret(name, value)
+            # A value set before stays hidden (output may still hold it): the values are
+            # what is bounded, not the names.
+            if not self._mediator.add_secret(self.session, name, value, limit=MAX_SESSION_SECRETS):
+                raise ContextFailure(
+                    "context_limit",
+                    f"ctx.set_env: a session may hold at most {MAX_SESSION_SECRETS} secret "
+                    "values (each value a secret name ever had counts)",
+                )
         self._env[name] = (value, secret)
 
     # -- the key-value store -----------------------------------------------------------

@@ -182,13 +182,40 @@ class Redactor:
             (name, value.encode("utf-8", "surrogatepass")) for name, value in self._secrets
         ]
         self._markers = {f"⟨secret {name}⟩": name for name, _ in self._secrets}
+        self._by_tools: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
-    def add(self, name: str, value: str) -> None:
-        """Redact ``value`` from now on too, shown as ``⟨secret NAME⟩`` (a secret a tool
-        set for its session; it stays redacted for the host's lifetime)."""
+    def __len__(self) -> int:
+        """How many secret values this redactor finds."""
+        return len(self._secrets)
+
+    def copy(self) -> Redactor:
+        """A redactor that finds the same secrets; adding to one leaves the other alone."""
+        other = Redactor()
+        other._secrets = list(self._secrets)
+        other._raw = list(self._raw)
+        other._markers = dict(self._markers)
+        other._by_tools = self._by_tools
+        return other
+
+    def finds(self, name: str, value: str) -> bool:
+        """Whether ``value`` is already replaced, as ``⟨secret NAME⟩``."""
+        return (name, value) in self._secrets
+
+    def set_by_tool(self, name: str) -> bool:
+        """Whether the secret ``name`` was set by a tool (``ctx.set_env``), not the policy."""
+        return name in self._by_tools
+
+    def add(self, name: str, value: str, *, by_tool: bool = False) -> None:
+        """Redact ``value`` from now on too, shown as ``⟨secret NAME⟩``.
+
+        ``by_tool``: a secret a tool set for its session (the host keeps such secrets in
+        a copy of its redactor made for that session, dropped when the session closes).
+        """
+        if by_tool:
+            self._by_tools |= {name}
         if not value or (name, value) in self._secrets:
             return
         secrets = sorted([*self._secrets, (name, value)], key=lambda item: -len(item[1]))
@@ -338,6 +365,11 @@ class StreamRedactor:
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
         self._held = ""
+
+    def use(self, redactor: Redactor) -> None:
+        """Find the secrets of ``redactor`` from now on (a session's tool set its first
+        secret); what is held back is scanned again with the next piece."""
+        self._redactor = redactor
 
     @property
     def held(self) -> int:
@@ -538,8 +570,19 @@ def render_arguments(
     lines = [f"{escape_text(name)} = {renderer.value(value)}" for name, value in arguments.items()]
     # What was cut comes first: it changes how far the rest of the view can be trusted.
     warnings = sorted(renderer.warnings, key=lambda w: (not w.startswith(_NOT_ALL), w))
-    warnings.extend(f"contains the value of the secret {name}" for name in sorted(renderer.secrets))
+    warnings.extend(_secret_warning(name, renderer.redactor) for name in sorted(renderer.secrets))
     return Rendered("\n".join(lines) or "(no arguments)", tuple(warnings), renderer.elided)
+
+
+def _secret_warning(name: str, redactor: Redactor) -> str:
+    if redactor.set_by_tool(name):
+        # The policy did not name this secret: a tool of the session did, and a tool could
+        # name any text so (a path, a recipient) to hide it from the approver.
+        return (
+            f"hides as ⟨secret {name}⟩ a value a tool of this session marked secret "
+            "(ctx.set_env): the call gets the value itself, which is not shown"
+        )
+    return f"contains the value of the secret {name}"
 
 
 def render_full(arguments: Mapping[str, Any], *, redactor: Redactor | None = None) -> str:

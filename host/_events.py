@@ -76,7 +76,10 @@ class EventBus:
         self._iterators: set[EventStream] = set()
         self.recent: deque[Event] = deque(maxlen=keep)
         self.redactor = redactor if redactor is not None else Redactor()
-        """What every event's fields pass before they are kept or handed out."""
+        """What every event's fields pass before they are kept or handed out (the host's
+        secrets; an event of a session whose tools set secrets passes that session's)."""
+        self._sessions: dict[str, Redactor] = {}
+        """The redactors of the sessions whose tools set secrets (``add_secret``)."""
 
     def __call__(self, *kinds: str, buffer: int = 1000) -> EventStream:
         """An async iterator over the events emitted from now on (of ``kinds``, or all).
@@ -127,9 +130,35 @@ class EventBus:
 
         return unsubscribe
 
+    def redactor_for(self, session: str | None) -> Redactor:
+        """What replaces secrets in anything about ``session``: the host's secrets and
+        those its tools set (never another session's)."""
+        if session is not None and self._sessions:
+            own = self._sessions.get(session)
+            if own is not None:
+                return own
+        return self.redactor
+
+    def add_secret(self, session: str, name: str, value: str, *, limit: int) -> bool:
+        """Replace ``value`` in what concerns ``session`` from now on, until
+        :meth:`forget_session`. False, and nothing added, if the session's tools already
+        set ``limit`` secret values."""
+        own = self._sessions.get(session)
+        if own is None:
+            own = self._sessions[session] = self.redactor.copy()
+        if len(own) - len(self.redactor) >= limit and not own.finds(name, value):
+            return False
+        own.add(name, value, by_tool=True)
+        return True
+
+    def forget_session(self, session: str) -> None:
+        """The session closed: drop the secrets its tools set."""
+        self._sessions.pop(session, None)
+
     def emit(self, kind: str, session: str | None = None, **data: Any) -> Event:
-        if self.redactor:
-            data = self.redactor.value(data)
+        redactor = self.redactor_for(session)
+        if redactor:
+            data = redactor.value(data)
         event = Event(kind, session, data)
         self.recent.append(event)
         if kind != "console":

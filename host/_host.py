@@ -351,9 +351,10 @@ class Session:
         finally:
             self._leave()
         mediator = self._host.mediator
-        if not mediator.redactor:
+        redactor = mediator.redactor_for(self.id)
+        if not redactor:
             return result
-        return _redacted(result, mediator.redactor, mediator.redacts_results("agent"))
+        return _redacted(result, redactor, mediator.redacts_results("agent", session=self.id))
 
     async def _checked_run(
         self, source: str, options: RunOptions, mode: Literal["warn", "refuse", "off"]
@@ -1020,10 +1021,12 @@ class Host:
             yield session
         finally:
             self._sessions.discard(session)
-            self.mediator.forget_session(session.id)
             with anyio.CancelScope(shield=True):
-                await session.code.aclose()
-                await session.supervisor.aclose()
+                try:
+                    await session.code.aclose()
+                    await session.supervisor.aclose()
+                finally:  # after its capsules' last output, which its secrets still cover
+                    self.mediator.forget_session(session.id)
             if session.log is not None:
                 session.log.close()
 

@@ -183,14 +183,18 @@ class Mediator:
         self._frames: dict[int, CallFrame] = {}
         """Calls in flight to tools that take a context, by wire id."""
         secrets = config.env.secret_values(os.environ)
-        self._redactor = events.redactor if events.redactor else Redactor(secrets)
+        if secrets and not events.redactor:  # one redactor for the gate and the events
+            events.redactor = Redactor(secrets)
+        self._redactor = events.redactor
+        """The host's secrets (``[env] secret``); a session whose tools set secrets has
+        its own copy with them too (``redactor_for``), dropped when it closes."""
         self._json_redactor = Redactor(
             {name: json.dumps(value, ensure_ascii=False)[1:-1] for name, value in secrets.items()}
         )
         """Secrets as they appear inside a JSON string (the session logs)."""
         self.tracing: Tracing | None = None
         """Spans per call, when OpenTelemetry is configured (set by the host)."""
-        self.hooks = HookRunner(events, self._redactor)
+        self.hooks = HookRunner(events)
         """The hooks of this host, run around every call that runs."""
         self._progress = progress_arguments(discovery)
         self.rate = CallRate()
@@ -214,20 +218,27 @@ class Mediator:
         self._tool_digests = {}
         self._progress = progress_arguments(discovery)
 
-    def redact(self, text: str) -> str:
-        """``text`` with the values of ``[env] secret`` variables replaced (and of the
-        secrets tools set for their sessions)."""
-        return self._redactor.text(text)
+    def redact(self, text: str, session: str | None = None) -> str:
+        """``text`` with the values of ``[env] secret`` variables replaced (and, given a
+        session, of the secrets its tools set)."""
+        return self.events.redactor_for(session).text(text)
 
     @property
     def redactor(self) -> Redactor:
         """Replaces the values of ``[env] secret`` variables (by ``⟨secret NAME⟩``)."""
         return self._redactor
 
-    def redacts_results(self, caller: Caller, policy: Policy | None = None) -> bool:
-        """Whether results for ``caller`` are redacted (``[env] redact_results`` of
-        ``policy``, by default the one in force)."""
-        if not self._redactor:
+    def redactor_for(self, session: str | None) -> Redactor:
+        """Replaces the host's secrets and those the tools of ``session`` set (by
+        ``⟨secret NAME⟩``); never another session's."""
+        return self.events.redactor_for(session)
+
+    def redacts_results(
+        self, caller: Caller, policy: Policy | None = None, session: str | None = None
+    ) -> bool:
+        """Whether results for ``caller`` (in ``session``) are redacted (``[env]
+        redact_results`` of ``policy``, by default the one in force)."""
+        if not self.events.redactor_for(session):
             return False
         if policy is None:
             try:
@@ -237,10 +248,10 @@ class Mediator:
         mode = policy.config.env.redact_results
         return mode == "all" or (mode == "agent" and caller == "agent")
 
-    def _redact_error(self, exc: HostError) -> None:
+    def _redact_error(self, exc: HostError, redactor: Redactor) -> None:
         """Replace secrets in the error's message and fields, in place (and in the host
         errors it was raised from), before it leaves the gate toward any caller."""
-        redact = self._redactor.text
+        redact = redactor.text
         current: BaseException | None = exc
         for _ in range(8):  # a chain is short; a loop in it ends here
             if current is None:
@@ -253,12 +264,12 @@ class Mediator:
                 current.args = tuple(redact(a) if type(a) is str else a for a in current.args)
             current = current.__cause__ or current.__context__
 
-    def add_secret(self, name: str, value: str) -> None:
-        """Redact ``value`` everywhere from now on (a secret set through a tool context):
-        in the audit, errors and results here, and in every event."""
-        self._redactor.add(name, value)
-        if self.events.redactor is not self._redactor:
-            self.events.redactor.add(name, value)
+    def add_secret(self, session: str, name: str, value: str, *, limit: int) -> bool:
+        """Redact ``value`` in all that concerns ``session`` (a secret one of its tools set
+        through its context) until it closes: its audit records, errors, results, events
+        and approval requests. Other sessions' views are not touched. False, and nothing
+        added, once the session's tools set ``limit`` secret values."""
+        return self.events.add_secret(session, name, value, limit=limit)
 
     def frame(self, number: int) -> CallFrame | None:
         """The call in flight with this wire id, if it is one to a tool with a context."""
@@ -270,9 +281,10 @@ class Mediator:
         return self._json_redactor.text if self._json_redactor else None
 
     def forget_session(self, session: str) -> None:
-        """Drop a closed session's quotas and remembered answers."""
+        """Drop a closed session's quotas, remembered answers and tool-set secrets."""
         self.quotas.forget_session(session)
         self.escalations.forget_session(session)
+        self.events.forget_session(session)
 
     def _tool_digest(self, tool: str) -> str | None:
         """A digest of the tool's declaration: its parameters, return type and schemas
@@ -344,8 +356,9 @@ class Mediator:
         try:
             return await self._call(supervisor, session, name, args, kwargs, caller, parent)
         except HostError as exc:
-            if self._redactor:
-                self._redact_error(exc)
+            redactor = self.events.redactor_for(session)
+            if redactor:
+                self._redact_error(exc, redactor)
             raise
 
     async def _call(
@@ -394,6 +407,7 @@ class Mediator:
             await self._refused(record, exc)
             raise
         decision = self.decide(spec, bound, caller, policy)
+        redactor = self.events.redactor_for(session)
         if parent is not None:
             decision = _stricter(decision, self.decide(spec, bound, root, policy), root)
         record = AuditRecord(
@@ -409,7 +423,7 @@ class Mediator:
             rule=decision.rule,
             args_sha256=sha256(bound.encoded).hexdigest(),
             args_size=len(bound.encoded),
-            args_summary=summarize_arguments(bound.arguments, redactor=self._redactor),
+            args_summary=summarize_arguments(bound.arguments, redactor=redactor),
             chain=chain_text,
         )
         nested = {} if parent is None else {"chain": chain}  # only a nested call has one
@@ -455,11 +469,12 @@ class Mediator:
         finally:
             if frame is not None:
                 del self._frames[number]
-        if self.redacts_results(caller, policy):
+        if self.redacts_results(caller, policy, session):
+            redactor = self.events.redactor_for(session)  # a tool may have set one since
             if isinstance(value, Result):  # the value is what is shown; files stay bytes
                 files: Result[Any] = value  # pyright: ignore[reportUnknownVariableType]
-                return Result(self._redactor.value(files.value), files.attachments)
-            value = self._redactor.value(value)
+                return Result(redactor.value(files.value), files.attachments)
+            value = redactor.value(value)
         return value
 
     async def _keep_files(self, record: AuditRecord, value: Result[Any] | Attachment) -> None:
@@ -474,7 +489,7 @@ class Mediator:
         except (StoreUnavailable, StoreFull, OSError, ValueError) as exc:
             raise HostError(
                 f"{record.tool} ran, but the files it returned could not be kept: "
-                f"{self._redactor.text(str(exc))}"
+                f"{self.redact(str(exc), record.session)}"
             ) from None
         for attachment, stored in zip(files, kept, strict=True):
             attachment.path = stored.path
@@ -494,7 +509,7 @@ class Mediator:
             outcome="denied",
             ended=now,
             error_kind="context_refused",
-            error=self._redactor.text(reason)[:_ERROR_TEXT],
+            error=self.redact(reason, session)[:_ERROR_TEXT],
         )
         self.events.emit(
             "context_refused", session, call_id=record.call_id, op=op, reason=record.error
@@ -553,7 +568,9 @@ class Mediator:
         ctx = HookContext(
             record.session, record.caller, tuple(chain), supervisor.metadata, self.host_id
         )
-        info = hooks.info(record.call_id, record.tool, bound.arguments, record.caller or "")
+        info = hooks.info(
+            record.call_id, record.tool, bound.arguments, record.caller or "", record.session
+        )
         try:
             await hooks.started(ctx, info, progress)
             value = await self._dispatch(supervisor, number, spec, bound, record, frame)
@@ -579,7 +596,7 @@ class Mediator:
         argument = self._progress.get(record.tool) if self._progress else None
         progress = bound.arguments.get(argument) if argument is not None else None
         if isinstance(progress, str):
-            progress = escape_text(self._redactor.text(progress[:200]))
+            progress = escape_text(self.redact(progress[:200], record.session))
         elif progress is not None and not isinstance(progress, int | float | bool):
             progress = None  # only scalars travel in the event
         self.events.emit(
@@ -661,7 +678,7 @@ class Mediator:
                         timeout=policy.escalation_timeout,
                         grant_expiry=policy.grant_expiry,
                         max_pending=self._config.limits.max_pending_approvals,
-                        redactor=self._redactor,
+                        redactor=self.events.redactor_for(record.session),
                         approvers=decision.approvers,
                         description=self._description(tool),
                         chain=chain,
@@ -683,7 +700,9 @@ class Mediator:
                 reason="the audit trail cannot be written, so nothing runs",
             )
             if recorded:  # its decision is in the journal: close it there
-                await self._write(record, ("denied", denied.kind, self._error_text(denied)))
+                await self._write(
+                    record, ("denied", denied.kind, self._error_text(denied, record.session))
+                )
             else:
                 await self._refused(record, denied)  # kept if the journal still takes it
             raise denied from None
@@ -697,14 +716,14 @@ class Mediator:
             raise
         return ticket
 
-    def _error_text(self, exc: BaseException) -> str:
-        text = self._redactor.text(str(exc))
+    def _error_text(self, exc: BaseException, session: str | None) -> str:
+        text = self.redact(str(exc), session)
         return text if len(text) <= _ERROR_TEXT else text[: _ERROR_TEXT - 1] + "…"
 
     async def _refused(self, record: AuditRecord, exc: BaseException) -> None:
         """One terminal record for a call that never reached a capsule."""
         if isinstance(exc, HostError):
-            kind, text = exc.kind, self._error_text(exc)
+            kind, text = exc.kind, self._error_text(exc, record.session)
             self.events.emit(
                 "policy_denied",
                 record.session,
@@ -744,7 +763,7 @@ class Mediator:
         else:
             outcome = "unknown"  # timed out, crashed in flight, or cancelled while running
         kind = exc.kind if isinstance(exc, HostError) else "cancelled"
-        text = self._error_text(exc) if isinstance(exc, HostError) else None
+        text = self._error_text(exc, record.session) if isinstance(exc, HostError) else None
         await self._write(record, (outcome, kind, text))
 
     async def _write(

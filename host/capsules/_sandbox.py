@@ -332,7 +332,8 @@ class CodeSandbox:
         stream = guest.process.stderr
         assert stream is not None
         budget = 1024 * 1024
-        redactor = self._events.redactor.stream()  # a secret may come in two pieces
+        # A secret may come in two pieces; the session's tools may set secrets meanwhile.
+        redactor = self._events.redactor_for(self._session).stream()
         try:
             with contextlib.suppress(
                 anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
@@ -343,6 +344,7 @@ class CodeSandbox:
                     del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
                     if budget > 0:
                         budget -= len(data)
+                        redactor.use(self._events.redactor_for(self._session))
                         self._console(redactor.feed(data.decode("utf-8", "replace")))
         finally:
             self._console(redactor.flush())

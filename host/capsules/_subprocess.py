@@ -158,18 +158,21 @@ class _ConsoleGate(EventBus):
         text = data.get("data")
         if not isinstance(text, str) or stream not in self._streams:
             return self._events.emit(kind, session, **data)
-        text = self._redact(stream, text)
+        text = self._redact(session, stream, text)
         if not text:  # all of it held back: it may be the start of a secret
             return Event(kind, session, {"stream": stream, "data": ""})
         return self._console(session, stream, text)
 
-    def _redact(self, stream: str, text: str) -> str:
-        """``text`` with the stream's secrets replaced, less what may begin one."""
-        if not self._events.redactor:
-            return text
+    def _redact(self, session: str | None, stream: str, text: str) -> str:
+        """``text`` with the session's secrets replaced, less what may begin one."""
+        secrets = self._events.redactor_for(session)
         redactor = self._redactors.get(stream)
         if redactor is None:
-            redactor = self._redactors[stream] = self._events.redactor.stream()
+            if not secrets:
+                return text
+            redactor = self._redactors[stream] = secrets.stream()
+        else:
+            redactor.use(secrets)  # the same one, or the session's since a tool set a secret
         return redactor.feed(text)
 
     def end(self, session: str | None, stream: str) -> None:

@@ -239,11 +239,8 @@ _FAILED = object()
 class HookRunner:
     """The hooks of one host, run by the mediator in the fixed order."""
 
-    def __init__(
-        self, events: EventBus, redactor: Redactor, *, started_timeout: float = 30.0
-    ) -> None:
+    def __init__(self, events: EventBus, *, started_timeout: float = 30.0) -> None:
         self._events = events
-        self.redactor = redactor
         self.started_timeout = started_timeout
         """Seconds a call waits for its ``tool_call_started`` hooks."""
         self._files: list[Hook] = []
@@ -303,9 +300,17 @@ class HookRunner:
             self._unsubscribe = None
 
     def info(
-        self, call_id: str, tool: str, arguments: Mapping[str, Any], caller: str
+        self,
+        call_id: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        caller: str,
+        session: str | None = None,
     ) -> ToolCallInfo:
-        return ToolCallInfo(call_id, tool, redact_value(self.redactor, dict(arguments)), caller)
+        """What hooks are told about a call: its arguments with the session's secrets
+        replaced."""
+        redactor = self._events.redactor_for(session)
+        return ToolCallInfo(call_id, tool, redact_value(redactor, dict(arguments)), caller)
 
     async def _run(self, item: Hook, session: str | None, *args: Any) -> Any:
         """One hook; ``_FAILED`` (logged, with a ``hook_failed`` event) if it raises."""
@@ -319,7 +324,7 @@ class HookRunner:
             return _FAILED
 
     def _failed(self, item: Hook, session: str | None, exc: BaseException) -> None:
-        text = self.redactor.text(f"{type(exc).__name__}: {exc}")[:500]
+        text = self._events.redactor_for(session).text(f"{type(exc).__name__}: {exc}")[:500]
         logger.warning("hook %s (%s) failed: %s", item.id, item.kind, text)
         self._events.emit("hook_failed", session, hook=item.id, hook_kind=item.kind, error=text)
 

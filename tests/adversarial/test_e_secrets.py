@@ -542,7 +542,7 @@ async def test_a_secret_in_a_chained_host_error_is_replaced(proj: Path, token: s
         inner.__context__ = deepest  # raised while handling it
         outer = CapsuleCrashed("echo", reason=f"crashed holding {KEY}", may_have_executed=True)
         outer.__cause__ = inner  # raise ... from
-        host.mediator._redact_error(outer)  # pyright: ignore[reportPrivateUsage]
+        host.mediator._redact_error(outer, host.mediator.redactor)  # pyright: ignore[reportPrivateUsage]
         for error in (outer, inner, deepest):
             shown = f"{error} {error!r} {error.args} {json.dumps(error.to_data())}"
             assert token not in shown and KEY not in shown, shown
