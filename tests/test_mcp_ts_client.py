@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from host.serve import asgi_app
+from host.serve._auth import CLIENTS_FILE, ClientTokens
 
 from .inbox_helpers import served_app
 from .mcp_helpers import make_mcp_project
@@ -45,7 +46,8 @@ def _node() -> str:
     return node
 
 
-def run_client(plan: dict[str, Any]) -> dict[str, Any]:
+def run_client(plan: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
+    """The client's output; with ``check=False``, how it ended (``returncode``, ``stderr``)."""
     done = subprocess.run(
         [_node(), str(CLIENT), json.dumps(plan)],
         cwd=HERE,
@@ -53,6 +55,8 @@ def run_client(plan: dict[str, Any]) -> dict[str, Any]:
         text=True,
         timeout=180,
     )
+    if not check:
+        return {"returncode": done.returncode, "stderr": done.stderr[-4000:]}
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -158,15 +162,20 @@ def test_every_approval_answer_reaches_the_typescript_client(
 
 
 def test_failures_over_streamable_http(project: Path) -> None:
+    """Over HTTP with a client token, as ``toolhost serve --transport http`` asks: the
+    SDK's transport sends it on every request; without it the client cannot connect."""
+    token = ClientTokens(project / ".agent" / CLIENTS_FILE).add("ts-client")
     app = asgi_app(project)  # built outside any event loop: it opens the host in uvicorn's
     with served_app(app) as served:
         plan = {
-            "server": {"url": f"{served.base}/mcp"},
+            "server": {"url": f"{served.base}/mcp", "token": token},
             "calls": [{"name": n, "arguments": a} for n, a, _ in FAILURES[:4]],
         }
         out = run_client(plan)
+        refused = run_client({"server": {"url": f"{served.base}/mcp"}, "calls": []}, check=False)
     for call, (_, _, kind) in zip(out["calls"], FAILURES[:4], strict=True):
         _assert_readable(call, kind)
+    assert refused["returncode"] != 0 and "401" in refused["stderr"], refused
 
 
 TYPES = '''

@@ -1,5 +1,5 @@
 """HTTP sessions end: an idle one is closed and its capsules released, and sessions are
-capped per client and in all.
+capped per client (the client its token names, not its address) and in all.
 
 Many clients (the conformance runner, the TypeScript client's ``close()``, the Inspector)
 leave without a DELETE. A raw HTTP client does exactly that here, against
@@ -20,6 +20,7 @@ import httpx2
 import pytest
 
 from host.serve import ServeApp, asgi_app
+from host.serve._auth import CLIENTS_FILE, ClientTokens
 
 from .inbox_helpers import Served, served_app, wait_until
 from .mcp_helpers import make_mcp_project
@@ -43,17 +44,20 @@ def _rpc(response: httpx2.Response) -> dict[str, Any]:
 
 
 class RawSession:
-    """An MCP session over plain HTTP requests: nothing sent that the test did not ask."""
+    """An MCP session over plain HTTP requests: nothing sent that the test did not ask.
 
-    def __init__(self, client: httpx2.Client) -> None:
+    ``token``: the client token it sends (default: the HTTP client's own headers')."""
+
+    def __init__(self, client: httpx2.Client, token: str | None = None) -> None:
         self.client = client
         self.id: str | None = None
         self.next_id = 1
+        self.auth = {"authorization": f"Bearer {token}"} if token is not None else {}
 
     def open(self) -> httpx2.Response:
         response = self.client.post(
             "/mcp",
-            headers=HEADERS,
+            headers={**HEADERS, **self.auth},
             json={
                 "jsonrpc": "2.0",
                 "id": 0,
@@ -72,7 +76,12 @@ class RawSession:
 
     def _headers(self) -> dict[str, str]:
         assert self.id is not None
-        return {**HEADERS, "mcp-session-id": self.id, "mcp-protocol-version": "2025-11-25"}
+        return {
+            **HEADERS,
+            **self.auth,
+            "mcp-session-id": self.id,
+            "mcp-protocol-version": "2025-11-25",
+        }
 
     def notify(self, method: str) -> None:
         self.client.post("/mcp", headers=self._headers(), json={"jsonrpc": "2.0", "method": method})
@@ -101,14 +110,26 @@ def project(tmp_path: Path) -> Path:
 
 @contextmanager
 def _serve(project: Path, **options: Any) -> Iterator[tuple[Served, ServeApp, httpx2.Client]]:
+    """The app behind uvicorn, and an HTTP client that sends client ``alpha``'s token
+    (``beta`` has one too: ``TOKENS``)."""
+    tokens = ClientTokens(project / ".agent" / CLIENTS_FILE)
+    TOKENS.update({name: tokens.add(name) for name in ("alpha", "beta")})
     app = asgi_app(project, **options)
     serve: ServeApp = app.state.toolhost
-    with served_app(app) as served, httpx2.Client(base_url=served.base, timeout=60) as client:
+    alpha = {"authorization": f"Bearer {TOKENS['alpha']}"}
+    with (
+        served_app(app) as served,
+        httpx2.Client(base_url=served.base, timeout=60, headers=alpha) as client,
+    ):
         yield served, serve, client
 
 
+TOKENS: dict[str, str] = {}
+"""The client tokens of the app ``_serve`` serves, by client name."""
+
+
 def _stats(served: Served, serve: ServeApp, client: httpx2.Client) -> dict[str, Any]:
-    token = serve.inbox_url(served.base).split("token=", 1)[1]
+    token = serve.inbox_url(served.base).split("token=", 1)[1]  # the inbox's, not a client's
     response = client.get("/stats", headers={"authorization": f"Bearer {token}"})
     assert response.status_code == 200, response.text
     return response.json()
@@ -149,6 +170,8 @@ def test_sessions_are_capped_per_client(project: Path) -> None:
         assert refused.status_code == 429, refused.text
         message = refused.json()["error"]["message"]
         assert "already has 2 open MCP sessions" in message and "DELETE" in message
+        # Another client from the same address has sessions of its own to open.
+        assert RawSession(client, TOKENS["beta"]).open().status_code == 200
         assert first.delete().status_code == 200
         assert third.open().status_code == 200  # an ended session no longer counts
 

@@ -23,9 +23,11 @@ import mcp.types as types
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from host import ApprovalRequest
 from host.serve import RUN_CODE, ServeApp, asgi_app
+from host.serve._auth import CLIENTS_FILE, ClientTokens
 
 from .inbox_helpers import Served, served_app
 from .mcp_helpers import Recorder, error_of, make_mcp_project, wait_for
@@ -125,10 +127,26 @@ def http(project: Path) -> Iterator[tuple[Served, ServeApp, list[ApprovalRequest
         yield server, app.state.toolhost, asked
 
 
+def _token(project: Path, name: str = "tests") -> str:
+    """A client token for ``name`` (``toolhost clients add``): HTTP serving asks for one."""
+    return ClientTokens(project / ".agent" / CLIENTS_FILE).add(name)
+
+
 @asynccontextmanager
-async def http_client(url: str, recorder: Recorder) -> AsyncIterator[ClientSession]:
+async def _transport(url: str, token: str) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport, sending ``token`` as a bearer token."""
+    headers = {"Authorization": f"Bearer {token}"}
     async with (
-        streamable_http_client(url) as (read, write),
+        create_mcp_http_client(headers=headers) as web,
+        streamable_http_client(url, http_client=web) as streams,
+    ):
+        yield streams
+
+
+@asynccontextmanager
+async def http_client(url: str, recorder: Recorder, token: str) -> AsyncIterator[ClientSession]:
+    async with (
+        _transport(url, token) as (read, write),
         ClientSession(read, write, **recorder.kwargs()) as client,
     ):
         await client.initialize()
@@ -139,6 +157,7 @@ async def http_client(url: str, recorder: Recorder) -> AsyncIterator[ClientSessi
 async def test_http(http: tuple[Served, ServeApp, list[ApprovalRequest]]) -> None:
     server, serve, asked = http
     assert serve.host is not None and serve.mcp is not None
+    token = _token(serve.host.project.root)
     progress: list[float] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
@@ -153,8 +172,8 @@ async def test_http(http: tuple[Served, ServeApp, list[ApprovalRequest]]) -> Non
     a_rec = Recorder(["approve_once", "approve_once"])
     b_rec = Recorder()
     async with (
-        http_client(server.base + "/mcp", a_rec) as a,
-        http_client(server.base + "/mcp", b_rec) as b,
+        http_client(server.base + "/mcp", a_rec, token) as a,
+        http_client(server.base + "/mcp", b_rec, token) as b,
     ):
         await wait_for(lambda: len(serve.mcp.sessions) == 2)
         init = a.initialize_result
@@ -189,17 +208,23 @@ async def test_http_checks_and_eras(
     http: tuple[Served, ServeApp, list[ApprovalRequest]],
 ) -> None:
     server, serve, _ = http
+    assert serve.host is not None
+    token = _token(serve.host.project.root)
     async with httpx2.AsyncClient() as web:
         # DNS rebinding: a foreign Host header is refused before MCP sees it.
         response = await web.post(
             server.base + "/mcp",
-            headers={"Host": "evil.example:80", "Content-Type": "application/json"},
+            headers={
+                "Host": "evil.example:80",
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {token}",
+            },
             content=b"{}",
         )
         assert response.status_code == 421
     # A client that starts sessionless (2026 era) is sent to the handshake, and gets a
     # session that lasts across its calls.
-    async with Client(server.base + "/mcp") as client:
+    async with Client(_transport(server.base + "/mcp", token)) as client:
         assert client.protocol_version == "2025-11-25"
         first = await client.call_tool("count", {})
         second = await client.call_tool("count", {})
@@ -210,13 +235,21 @@ async def test_http_checks_and_eras(
 
 @asyncio_only
 async def test_http_command(project: Path) -> None:
-    """``toolhost serve --transport http --port 0``: says its URL, serves, stops on SIGINT."""
+    """``toolhost serve --transport http --port 0``: says its URL, serves the clients
+    ``toolhost clients add`` made (and no one else), stops on SIGINT."""
     import signal
 
+    toolhost = [sys.executable, "-c", "from host.cli import main; main()"]
+    where = ["--project", str(project)]
+    refused = await anyio.run_process(
+        [*toolhost, "serve", "--transport", "http", *where], cwd=str(ROOT), check=False
+    )
+    assert refused.returncode == 2 and b"toolhost clients add NAME" in refused.stderr
+    added = await anyio.run_process([*toolhost, "clients", "add", "ci", *where], cwd=str(ROOT))
+    token = added.stdout.decode().strip()
+    assert token.startswith("thc_") and token.encode() not in added.stderr
     command = [
-        sys.executable,
-        "-c",
-        "from host.cli import main; main()",
+        *toolhost,
         "serve",
         "--transport",
         "http",
@@ -234,8 +267,12 @@ async def test_http_command(project: Path) -> None:
                 seen += await process.stderr.receive()
         url = seen.decode().split("MCP at ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
-        async with Client(url) as client:
+        assert "authenticate with their tokens (1 client;" in seen.decode()
+        async with Client(_transport(url, token)) as client:
             assert _structured(await client.call_tool("add", {"a": 1, "b": 2})) == {"result": 3}
+        async with httpx2.AsyncClient() as web:  # the SDK's client without it cannot start
+            bare = await web.post(url, json={}, headers={"accept": "application/json"})
+            assert bare.status_code == 401 and bare.headers["www-authenticate"].startswith("Bearer")
         # The approval inbox beside it: its URL carries the token a browser needs.
         inbox = seen.decode().split("approval inbox at ", 1)[1].split()[0]
         assert inbox.startswith(url.removesuffix("/mcp") + "/inbox/?token=")

@@ -22,6 +22,7 @@ from host import __version__
 from host.errors import HostError
 
 from ._call import CALL_COMMANDS
+from ._clients import CLIENTS_COMMANDS
 from ._common import Subparsers, UsageError, dumps
 from ._exec import EXEC_COMMANDS
 from ._hooks import HOOKS_COMMANDS
@@ -41,6 +42,7 @@ COMMANDS: list[Callable[[Subparsers, argparse.ArgumentParser], None]] = [
     *POLICY_COMMANDS,
     *HOOKS_COMMANDS,
     *SERVE_COMMANDS,
+    *CLIENTS_COMMANDS,
     *STORE_COMMANDS,
 ]
 """Each adds one sub-command, in the order ``toolhost --help`` lists them."""

@@ -4,9 +4,11 @@ Over stdio (the default) one client talks to the host on this process's stdin an
 stdout; escalations the client's user cannot answer (no elicitation) are denied, since
 nobody can be asked on a terminal whose input is the protocol. Over HTTP
 (``--transport http``) MCP is at ``http://HOST:PORT/mcp`` (uvicorn: asyncio only), one
-session per client, and the approval inbox at ``/inbox/``: escalations the client cannot
-answer (and those of rules with ``approvers = ["inbox"]``) wait for an answer there. Its
-URL, with the token a browser needs, goes to stderr; ``/stats`` answers ``host.stats()``
+session per client, each client known by its bearer token (``toolhost clients add NAME``;
+``--auth none`` serves loopback clients without one), and the approval inbox at
+``/inbox/``: escalations the client cannot answer (and those of rules with ``approvers =
+["inbox"]``) wait for an answer there. Its URL, with the token a browser needs, goes to
+stderr; ``/stats`` answers ``host.stats()``
 as JSON to a request with that token. ``--reload`` follows changes to the
 tool files. ``toolhost inbox`` serves the inbox of a project's store with no tools: it
 answers what other host processes on that store wait for.
@@ -17,7 +19,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+import time
+from pathlib import Path
 
+from host.declare import resolve_project
 from host.policy import DenyAll
 
 from ._common import Subparsers, UsageError, open_host, project_dir
@@ -65,10 +70,23 @@ async def _serve(args: argparse.Namespace) -> int:
         raise UsageError("--transport http runs on asyncio (uvicorn); drop --backend")
     address = args.host or "127.0.0.1"
     port = 8000 if args.port is None else args.port
+    if args.auth == "none" and not _loopback(address):
+        raise UsageError(
+            f"--auth none serves without authentication: loopback only, not {address} "
+            "(give each client a token: toolhost clients add NAME)"
+        )
+    if args.auth == "tokens":
+        clients = _client_count(project)
+        said = (
+            f"MCP clients authenticate with their tokens ({clients} client"
+            f"{'s' if clients != 1 else ''}; more: toolhost clients add NAME)"
+        )
+    else:
+        said = "MCP takes no authentication (--auth none): loopback clients only"
     allowed = _warn_exposed(
         address,
-        "MCP has no authentication here: whoever reaches the port calls tools as the "
-        "agent, and the inbox's token travels in clear",
+        "use TLS in front of it (a reverse proxy): bearer tokens and the inbox's token "
+        "travel in clear over plain HTTP",
     )
     async with open_host(project, approver="inbox") as host:
         serve = ServeApp(
@@ -79,10 +97,12 @@ async def _serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout or None,
             max_sessions=args.max_sessions or None,
             max_sessions_per_client=args.max_sessions_per_client or None,
+            auth=args.auth,
         )
 
         def announce(base: str) -> None:
             print(f"toolhost: MCP at {base}/mcp", file=sys.stderr)
+            print(f"toolhost: {said}", file=sys.stderr)
             print(f"toolhost: approval inbox at {serve.inbox_url(base)}", file=sys.stderr)
             print(
                 f"toolhost: figures at {base}/stats (send the inbox's token: "
@@ -93,6 +113,23 @@ async def _serve(args: argparse.Namespace) -> int:
 
         await run_http(serve.starlette(), host=address, port=port, on_ready=announce)
     return 0
+
+
+def _client_count(project: Path) -> int:
+    """How many clients may authenticate; none: a usage error that says what to do."""
+    from host.serve._auth import CLIENTS_FILE, ClientTokens
+
+    now = time.time()
+    tokens = ClientTokens(resolve_project(project).state_dir / CLIENTS_FILE)
+    count = sum(1 for c in tokens.clients() if not c.expired(now))
+    if not count:
+        raise UsageError(
+            "no HTTP client can authenticate: give each client a token with "
+            "'toolhost clients add NAME' (it prints the token the client sends as "
+            "'Authorization: Bearer TOKEN'), or serve loopback clients without "
+            "authentication with --auth none"
+        )
+    return count
 
 
 async def _inbox(args: argparse.Namespace) -> int:
@@ -147,7 +184,14 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         type=int,
         default=16,
         metavar="N",
-        help="http: sessions one client (address) may have open (default 16; 0: no cap)",
+        help="http: sessions one client may have open (default 16; 0: no cap)",
+    )
+    parser.add_argument(
+        "--auth",
+        choices=["tokens", "none"],
+        default="tokens",
+        help="http: how clients authenticate: tokens (each its own bearer token, "
+        "'toolhost clients add NAME'; the default) or none (loopback clients only)",
     )
     parser.add_argument(
         "--names",

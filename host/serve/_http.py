@@ -22,24 +22,31 @@ graceful-shutdown timeout.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
-from collections.abc import AsyncGenerator, Callable, Container, Mapping
+from collections.abc import AsyncGenerator, Callable, Container, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final, Literal
 
 import anyio
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.provider import AccessToken, TokenVerifier
+from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from host._host import Host
 from host.errors import HostError
 from host.policy import Approver
 
+from ._auth import CLIENTS_FILE, SCOPE, ClientTokens, RefusalNotes, client_of
 from ._inbox import Inbox
 from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
@@ -61,17 +68,41 @@ such client for that long."""
 MAX_SESSIONS: Final = 64
 """HTTP sessions open at once, all clients together (each has its own capsules)."""
 MAX_SESSIONS_PER_CLIENT: Final = 16
-"""HTTP sessions one client (one address) may have open at once."""
+"""HTTP sessions one client may have open at once."""
+
+Auth = Literal["tokens", "none"] | TokenVerifier
+"""How ``/mcp`` knows its clients: ``"tokens"`` (the project's client tokens, ``toolhost
+clients add``), a ``TokenVerifier`` of the app's (OAuth 2.1: JWT or introspection), or
+``"none"`` (no authentication: loopback clients only)."""
+
+
+def _loopback(scope: Scope) -> bool:
+    client = scope.get("client")
+    try:
+        return client is not None and ipaddress.ip_address(str(client[0])).is_loopback
+    except ValueError:
+        return False
+
+
+class _Verifier:
+    """The running app's verifier, for the bearer check built with the routes."""
+
+    def __init__(self) -> None:
+        self.current: TokenVerifier | None = None
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        current = self.current
+        return None if current is None else await current.verify_token(token)
 
 
 class _McpEndpoint:
     """``/mcp``: hands each request to the session manager of the running app, holding
     each client to ``max_sessions_per_client`` open sessions (the manager holds the total).
 
-    A client is its address here (the authenticated client, once HTTP serving has
-    authentication). A new session is a POST without ``Mcp-Session-Id``; its id is read
-    from the response, and a session the manager no longer has (ended by DELETE or by
-    the idle timeout) no longer counts.
+    A client is the one its bearer token names (its address without authentication, when
+    only loopback is served). A new session is a POST without ``Mcp-Session-Id``; its id
+    is read from the response, and a session the manager no longer has (ended by DELETE
+    or by the idle timeout) no longer counts.
     """
 
     def __init__(self, app: ServeApp) -> None:
@@ -82,6 +113,13 @@ class _McpEndpoint:
         """Client -> sessions it is opening now (their ids are not known yet)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app.auth == "none" and not _loopback(scope):
+            response = PlainTextResponse(
+                "this server takes no authentication, so it answers loopback clients only",
+                status_code=403,
+            )
+            await response(scope, receive, send)
+            return
         manager = self._app.manager
         if manager is None:
             response = PlainTextResponse("the MCP server is not running", status_code=503)
@@ -91,8 +129,10 @@ class _McpEndpoint:
         if scope.get("method") != "POST" or b"mcp-session-id" in headers:
             await manager.handle_request(scope, receive, send)
             return
-        client = scope.get("client")
-        key = str(client[0]) if client else "unknown"
+        key = client_of(scope)
+        if key is None:
+            client = scope.get("client")
+            key = f"address {client[0]}" if client else "unknown"
         live = _live_sessions(manager)
         for ended in [sid for sid in self._owners if sid not in live]:
             del self._owners[ended]
@@ -233,8 +273,21 @@ class ServeApp:
         idle_timeout: seconds after which an MCP session with no request in flight (and
             no open event stream) is closed and its capsules released (None: never).
         max_sessions: MCP sessions open at once, all clients together (None: no cap).
-        max_sessions_per_client: MCP sessions one client may have open (a client is its
-            address; None: no cap).
+        max_sessions_per_client: MCP sessions one client may have open (None: no cap).
+        auth: how ``/mcp`` knows its clients. ``"tokens"`` (default): each client sends
+            ``Authorization: Bearer TOKEN`` with a token of its own (``toolhost clients
+            add NAME``; digests in ``.agent/clients.json``). A ``TokenVerifier`` (the MCP
+            SDK's protocol): the app's OAuth 2.1 tokens (JWT or introspection), with
+            ``resource_url`` and ``authorization_servers``. ``"none"``: no
+            authentication; requests from other than loopback are refused.
+        resource_url: with a ``TokenVerifier``: the public URL of ``/mcp``. Only tokens
+            issued for it (their RFC 8707 resource) count, and its protected-resource
+            metadata (RFC 9728) is served at ``/.well-known/oauth-protected-resource...``
+            naming ``authorization_servers``.
+        authorization_servers: with ``resource_url``: the OAuth servers that issue its
+            tokens.
+        required_scopes: scopes every token must grant (default: ``mcp`` for client
+            tokens, none for a verifier's).
         names: the tools' MCP names: ``safe`` (``kanban_add``, what every model API
             accepts) or ``dotted`` (the canonical ``kanban.add``).
         host_options: more keyword arguments for ``Host.open``.
@@ -254,8 +307,33 @@ class ServeApp:
         max_sessions: int | None = MAX_SESSIONS,
         max_sessions_per_client: int | None = MAX_SESSIONS_PER_CLIENT,
         names: NameStyle = "safe",
+        auth: Auth = "tokens",
+        resource_url: str | None = None,
+        authorization_servers: Sequence[str] = (),
+        required_scopes: Sequence[str] | None = None,
         host_options: Mapping[str, Any] | None = None,
     ) -> None:
+        if isinstance(auth, str) and auth not in ("tokens", "none"):
+            raise HostError(f"auth={auth!r}: use 'tokens', 'none' or a TokenVerifier")
+        if (resource_url is not None or authorization_servers) and isinstance(auth, str):
+            raise HostError(
+                "resource_url and authorization_servers describe an OAuth resource server: "
+                "give auth a TokenVerifier that checks that server's tokens"
+            )
+        if resource_url is not None and not authorization_servers:
+            raise HostError("resource_url needs authorization_servers (who issues its tokens)")
+        self.auth: Auth = auth
+        self._resource = AnyHttpUrl(resource_url) if resource_url is not None else None
+        self._authorization_servers = [AnyHttpUrl(u) for u in authorization_servers]
+        if required_scopes is None:
+            required_scopes = [SCOPE] if auth == "tokens" else []
+        self._scopes = list(required_scopes)
+        self._verifier = _Verifier()
+        if not isinstance(auth, str):
+            self._verifier.current = auth
+        self._notes: RefusalNotes | None = None
+        self.clients: ClientTokens | None = None
+        """The project's client tokens (``auth="tokens"``), while the lifespan runs."""
         self._names: NameStyle = names
         self._project = project
         self._given = host
@@ -278,17 +356,40 @@ class ServeApp:
         """The approval inbox, while the lifespan runs (None when not served)."""
 
     def routes(self) -> list[BaseRoute]:
-        """The routes to mount: ``/mcp``, and the inbox under ``/inbox/`` and ``/stats``
-        (both need the inbox's token; without the inbox, neither is served)."""
+        """The routes to mount: ``/mcp`` (behind the bearer check unless ``auth="none"``),
+        the protected-resource metadata with ``resource_url``, and the inbox under
+        ``/inbox/`` and ``/stats`` (both need the inbox's token; without the inbox, neither
+        is served)."""
         routes: list[BaseRoute] = [
-            Route("/mcp", endpoint=_McpEndpoint(self), methods=["GET", "POST", "DELETE"])
+            Route("/mcp", endpoint=self._mcp_app(), methods=["GET", "POST", "DELETE"])
         ]
+        if self._resource is not None:
+            routes.extend(
+                create_protected_resource_routes(
+                    self._resource,
+                    self._authorization_servers,
+                    scopes_supported=self._scopes or None,
+                    resource_name="toolhost",
+                )
+            )
         if self._guard is not None:
             routes.append(Mount("/inbox", app=_InboxEndpoint(self)))
             routes.append(
                 Route("/stats", endpoint=_StatsEndpoint(self, self._guard), methods=["GET"])
             )
         return routes
+
+    def _mcp_app(self) -> ASGIApp:
+        """``/mcp``: the SDK's bearer check (Starlette's authentication middleware over
+        the verifier, then ``RequireAuthMiddleware``), refusals said as events."""
+        endpoint = _McpEndpoint(self)
+        if self.auth == "none":
+            return endpoint
+        metadata = build_resource_metadata_url(self._resource) if self._resource else None
+        required = RequireAuthMiddleware(endpoint, self._scopes, metadata)
+        self._notes = RefusalNotes(required)
+        backend = BearerAuthBackend(self._verifier, resource_server_url=self._resource)
+        return AuthenticationMiddleware(self._notes, backend=backend)
 
     def inbox_url(self, base: str) -> str:
         """The inbox's URL with its token, for a server at ``base``
@@ -332,6 +433,11 @@ class ServeApp:
                 idle_timeout=self._idle_timeout,
                 max_sessions=self._max_sessions,
             )
+            if self.auth == "tokens":
+                self.clients = ClientTokens(host.project.state_dir / CLIENTS_FILE, host.events)
+                self._verifier.current = self.clients
+            if self._notes is not None:
+                self._notes.events = host.events
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(manager.run())
                 if self._guard is not None:
@@ -342,6 +448,8 @@ class ServeApp:
                     yield
                 finally:
                     self.host = self.mcp = self.manager = self.inbox = None
+                    if self.auth == "tokens":
+                        self._verifier.current = self.clients = None
 
     def starlette(self) -> Starlette:
         """A Starlette app with :meth:`routes` and :meth:`lifespan`."""

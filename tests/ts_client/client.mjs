@@ -2,7 +2,7 @@
 //
 //   node client.mjs PLAN_JSON
 //
-// PLAN: {"server": {"command": ..., "args": [...], "cwd": ...} | {"url": ...},
+// PLAN: {"server": {"command": ..., "args": [...], "cwd": ...} | {"url": ..., "token"?: ...},
 //        "elicitation": "none" | "decline" | "cancel" | "accept:CHOICE",
 //        "calls": [{"name": ..., "arguments": {...}}, ...]}
 //
@@ -34,7 +34,11 @@ if (elicitation !== "none") {
 }
 
 const transport = plan.server.url
-  ? new StreamableHTTPClientTransport(new URL(plan.server.url))
+  ? new StreamableHTTPClientTransport(new URL(plan.server.url), {
+      requestInit: plan.server.token
+        ? { headers: { Authorization: `Bearer ${plan.server.token}` } }
+        : undefined,
+    })
   : new StdioClientTransport({
       command: plan.server.command,
       args: plan.server.args,
