@@ -372,7 +372,9 @@ class Session:
 
         async def check(how: Literal["warn", "refuse"]) -> None:
             checked.append(
-                await self._host.checker.check(source, mode=how, known=known, modules=modules)
+                await self._host.checker.check(
+                    source, mode=how, known=known, modules=modules, session=self.id
+                )
             )
 
         if mode == "refuse":
@@ -500,7 +502,10 @@ class Host:
         """When the idle watch wakes next (``None``: only when woken)."""
         self._watch_policy = watch_policy
         self.checker = CodeChecker(
-            scope, task_group=task_group, timeout=config.limits.code_check_timeout
+            scope,
+            task_group=task_group,
+            timeout=config.limits.code_check_timeout,
+            memory=config.limits.code_check_memory,
         )
         """Checks agent code against the declarations before it runs (one pyright
         language server, started on the first check)."""
@@ -1027,6 +1032,7 @@ class Host:
                     await session.supervisor.aclose()
                 finally:  # after its capsules' last output, which its secrets still cover
                     self.mediator.forget_session(session.id)
+                    self.checker.forget(session.id)
             if session.log is not None:
                 session.log.close()
 

@@ -44,7 +44,7 @@ TOOLS = {
 }
 
 
-def policy(check: str = "warn", timeout: str = "60s") -> str:
+def policy(check: str = "warn", timeout: str = "60s", memory: str = "1GiB") -> str:
     return textwrap.dedent(
         f"""
         version = 1
@@ -53,6 +53,7 @@ def policy(check: str = "warn", timeout: str = "60s") -> str:
         [limits]
         code_check = "{check}"
         code_check_timeout = "{timeout}"
+        code_check_memory = "{memory}"
         """
     )
 
@@ -172,10 +173,12 @@ async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
     async with Host.open(proj) as host:
         first = await host.run_code("add(1, 2)")
         assert kinds(first) == [(1, 1, "not_awaited")]
-        server = host.checker._server  # pyright: ignore[reportPrivateUsage]
+        server = host.checker._servers["shared"]  # pyright: ignore[reportPrivateUsage]
         assert server is not None
         pid = server.process.pid
         environ = (await anyio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+        command = (await anyio.Path(f"/proc/{pid}/cmdline").read_bytes()).split(b"\0")
+        assert b"--max-old-space-size=1024" in command  # code_check_memory, 1 GiB
         assert not any(b"CANARY_SECRET" in item for item in environ)
         assert sorted(item.split(b"=")[0] for item in environ if item) == [
             b"HOME",
@@ -189,6 +192,50 @@ async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
         again = await host.run_code("add(1, 2)")
         assert kinds(again) == [(1, 1, "not_awaited")]
         assert host.checker.starts == 2
+
+
+BOMB = "t0 = (1, 'a')\n" + "".join(f"t{i} = t{i - 1} + t{i - 1}\n" for i in range(1, 40))
+"""Valid Python whose inferred types double in size at each line: pyright's memory
+explodes (measured: 5.3 GB and 50 s before node gave up, with no heap bound)."""
+
+
+@pytest.mark.anyio
+async def test_a_check_that_breaks_the_checker_fails_alone(
+    make_project: Callable[..., Path], wasm_prepared: Any
+) -> None:
+    """One session's pathological code ends the shared language server (its heap is
+    bounded); another session's check in flight on it is tried again alone and passes, so
+    its ``refuse`` run runs; the breaker's session checks alone from then on."""
+    del wasm_prepared
+    root = make_project(tools=TOOLS, policy=policy("refuse", memory="192MiB"))
+    async with Host.open(root) as host, host.session() as a, host.session() as b:
+        checker = host.checker
+        assert (await b.run_code("await add(1, 2)")).value == 3  # the shared server is up
+        shared = checker._servers["shared"]  # pyright: ignore[reportPrivateUsage]
+        assert shared is not None and checker.starts == 1
+        results: dict[str, CodeResult] = {}
+
+        async def run(name: str, session: Any, code: str) -> None:
+            results[name] = await session.run_code(code)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "bomb", a, BOMB)
+            await anyio.sleep(0.3)  # the bomb is on the server: these queue behind it
+            tg.start_soon(run, "good", b, "await add(2, 3)")
+            tg.start_soon(run, "bad", b, "add(2, 3)\n'ran'")
+        bomb = results["bomb"]
+        assert bomb.error is not None and bomb.error.kind == "check_failed", bomb
+        assert not shared.alive  # it took the shared server down...
+        assert results["good"].ok and results["good"].value == 5  # ...and failed alone
+        bad = results["bad"]  # checked for real, not waved through
+        assert bad.error is not None and bad.error.kind == "check_failed"
+        assert kinds(bad) == [(1, 1, "not_awaited")]
+        assert checker.retried >= 2 and checker.suspect(a.id) and not checker.suspect(b.id)
+        # The breaker's ordinary code is still checked (alone); the others' on a new server.
+        assert (await a.run_code("await add(1, 1)")).value == 2
+        assert (await b.run_code("await add(3, 3)")).value == 6
+        assert checker._servers["shared"] is not None  # pyright: ignore[reportPrivateUsage]
+        assert checker._servers["alone"] is None  # pyright: ignore[reportPrivateUsage]
 
 
 def toolhost(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,19 +1,28 @@
 """Agent code checked against the declarations before it runs.
 
-:class:`CodeChecker` keeps one pyright language server per host, started on the first
-check and started again when it has died. Its workspace is a private folder holding
-``__builtins__.pyi`` (the scope's ``tool_globals.pyi``: every tool an ``async def``
-builtin, ``tools.FILE.EXPORT`` and the error classes) and a ``pyrightconfig.json``. A check
-opens the source as a document of its own, pulls its diagnostics and closes it, so checks
-of several sessions can overlap.
+:class:`CodeChecker` keeps one pyright language server per host that the sessions share,
+started on the first check and started again when it has died. Its workspace is a
+private folder holding ``__builtins__.pyi`` (the scope's ``tool_globals.pyi``: every tool
+an ``async def`` builtin, ``tools.FILE.EXPORT`` and the error classes) and a
+``pyrightconfig.json``. A check opens the source as a document of its own, pulls its
+diagnostics and closes it, so checks of several sessions can overlap.
+
+One session's code must not cost another its check. Each server's JavaScript heap is
+bounded (``[limits] code_check_memory``) and each check is time-boxed; a check that
+fails on the shared server (it died, or this or another check made it too slow: it is
+then killed) is tried once more on a server of its own, one such check at a time, so the
+check that broke the server fails alone and the others it took down with it pass. A
+session whose check failed alone is suspect: its later checks go straight to that lane,
+away from the shared server.
 
 What the agent's REPL allows is not reported: top-level ``await`` (``async for``/``with``),
 a bare last expression, names earlier runs of the session bound (``known``) and imports
 of the run's own modules. The rest, errors only, become :class:`CodeDiagnostic` records
 (line and column, a kind a model can act on, pyright's message).
 
-A check is time-boxed (``[limits] code_check_timeout``): a server that is slow, cannot
-start or dies gives status ``unavailable`` with a note, never an exception.
+A check is time-boxed (``[limits] code_check_timeout``, each of its two tries): a server
+that is slow, cannot start or dies gives status ``unavailable`` with a note, never an
+exception.
 """
 
 from __future__ import annotations
@@ -65,6 +74,9 @@ _KINDS: dict[str, Any] = {
 }
 _MAX_MESSAGE = 600
 _MAX_DIAGNOSTICS = 50
+_SUSPECTS = 1024
+"""Sessions remembered as suspect (their check failed alone), the oldest forgotten first."""
+Lane = Literal["shared", "alone"]
 
 Status = Literal["clean", "errors", "unavailable"]
 
@@ -145,17 +157,42 @@ def _isolated(command: list[str]) -> list[str] | None:
 
 
 class CodeChecker:
-    """A host's checker: one language server, started lazily, restarted when it died."""
+    """A host's checker: a language server the sessions share, started lazily and again
+    when it died, and a lane of its own for a check that failed there (see the module).
 
-    def __init__(self, scope: Scope, *, task_group: anyio.abc.TaskGroup, timeout: float) -> None:
+    Args:
+        scope: the declarations checked against.
+        task_group: where the servers' reader tasks run.
+        timeout: seconds each try of a check may take (``code_check_timeout``).
+        memory: bytes each server's JavaScript heap may grow to (``code_check_memory``;
+            None: node's default).
+    """
+
+    def __init__(
+        self,
+        scope: Scope,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        timeout: float,
+        memory: int | None = None,
+    ) -> None:
         self._scope = scope
         self._tg = task_group
         self.timeout = timeout
-        self._server: LangServer | None = None
-        self._lock = anyio.Lock()
+        self.memory = memory
+        self._servers: dict[Lane, LangServer | None] = {"shared": None, "alone": None}
+        self._locks: dict[Lane, anyio.Lock] = {"shared": anyio.Lock(), "alone": anyio.Lock()}
+        self._alone = anyio.Lock()
+        """Held by the one check on the lane of its own."""
+        self._waiting_alone = 0
+        self._suspects: dict[str, None] = {}
+        """Sessions whose check failed alone (insertion order: the oldest first)."""
         self._root: Path | None = None
         self._docs = 0
         self.starts = 0
+        """Language servers started, on both lanes."""
+        self.retried = 0
+        """Checks tried again alone after the shared server failed them."""
         self.isolated = False
         """Whether the server runs without network (its own network namespace)."""
         self._closed = False
@@ -163,9 +200,18 @@ class CodeChecker:
     def retool(self, scope: Scope) -> None:
         """New declarations: the next check starts a server that reads them."""
         self._scope = scope
-        server, self._server = self._server, None
-        if server is not None:
-            self._tg.start_soon(server.kill)
+        for lane in self._servers:
+            server, self._servers[lane] = self._servers[lane], None
+            if server is not None:
+                self._tg.start_soon(server.kill)
+
+    def suspect(self, session: str) -> bool:
+        """Whether ``session``'s checks run away from the shared server (one failed alone)."""
+        return session in self._suspects
+
+    def forget(self, session: str) -> None:
+        """The session closed."""
+        self._suspects.pop(session, None)
 
     def _workspace(self) -> Path:
         """The checker's folder. What it may import is only what it holds: the stub, the
@@ -176,7 +222,7 @@ class CodeChecker:
         root = self._root
         if root is None:
             root = self._root = Path(tempfile.mkdtemp(prefix="toolhost-check-"))
-        (root / "__builtins__.pyi").write_text(self._scope.render_pyi(), encoding="utf-8")
+        _write(root / "__builtins__.pyi", self._scope.render_pyi())
         lib = root / "lib"
         lib.mkdir(exist_ok=True)
         for package in ("host", "capsule"):
@@ -194,7 +240,7 @@ class CodeChecker:
             "venv": "env",
             "pythonVersion": version,
         }
-        (root / "pyrightconfig.json").write_text(json.dumps(config), encoding="utf-8")
+        _write(root / "pyrightconfig.json", json.dumps(config))
         return root
 
     async def _initialize(self, server: LangServer, root: Path) -> None:
@@ -210,15 +256,15 @@ class CodeChecker:
         )
         await server.notify("initialized", {})
 
-    async def _running(self) -> LangServer:
-        async with self._lock:
-            server = self._server
+    async def _running(self, lane: Lane) -> LangServer:
+        async with self._locks[lane]:
+            server = self._servers[lane]
             if server is not None and server.alive:
                 return server
             if self._closed:
                 raise ServerGone("the host is closing")
             root = await anyio.to_thread.run_sync(self._workspace)
-            command = server_command()
+            command = server_command(self.memory)
             isolated = _isolated(command)
             for attempt in ([isolated] if isolated else []) + [command]:
                 server = await LangServer.start(attempt, cwd=root, env=_env(root), tg=self._tg)
@@ -227,11 +273,23 @@ class CodeChecker:
                 except (ServerGone, LookupError):
                     await server.kill()
                     continue  # no namespaces here: run it plain (still no host secrets)
-                self._server = server
+                except BaseException:  # cancelled (the check's time is up): no orphan
+                    with anyio.CancelScope(shield=True):
+                        await server.kill()
+                    raise
+                self._servers[lane] = server
                 self.starts += 1
                 self.isolated = attempt is isolated
                 return server
             raise ServerGone("the language server did not start")
+
+    async def _drop(self, lane: Lane, server: LangServer) -> None:
+        """End ``server`` (dead, or busy with what made a check fail), unless another
+        already took its place on the lane."""
+        if self._servers[lane] is server:
+            self._servers[lane] = None
+        with anyio.CancelScope(shield=True):
+            await server.kill()
 
     async def check(
         self,
@@ -240,32 +298,60 @@ class CodeChecker:
         mode: Literal["warn", "refuse"],
         known: Iterable[str] = (),
         modules: Iterable[str] = (),
+        session: str | None = None,
     ) -> CodeCheck:
-        """Check ``source``; never raises for the checker's own failures."""
+        """Check ``source`` (for ``session``); never raises for the checker's own
+        failures."""
         relative = _relative_imports(source)
         if relative:  # never handed to pyright: it would read files outside the workspace
             return CodeCheck(mode=mode, status="errors", diagnostics=relative)
-        try:
-            with anyio.fail_after(self.timeout):
-                raw = await self._diagnostics(source)
-        except TimeoutError:
-            return CodeCheck(
-                mode=mode,
-                status="unavailable",
-                note=f"the check took longer than {self.timeout:g} s (code_check_timeout)",
-            )
-        except (ServerGone, LookupError, OSError) as exc:
-            server, self._server = self._server, None
-            if server is not None:
-                await server.kill()
-            return CodeCheck(mode=mode, status="unavailable", note=f"the checker failed: {exc}")
+        suspect = session is not None and session in self._suspects
+        raw = await self._attempt(source, "shared") if not suspect else None
+        if not isinstance(raw, list):  # perhaps another check took the server down with it
+            raw = await self._try_alone(source, session, retry=not suspect)
+        if isinstance(raw, str):
+            return CodeCheck(mode=mode, status="unavailable", note=raw)
         diagnostics = _read(raw, set(known), set(modules))
         return CodeCheck(
             mode=mode, status="errors" if diagnostics else "clean", diagnostics=diagnostics
         )
 
-    async def _diagnostics(self, source: str) -> list[Any]:
-        server = await self._running()
+    async def _attempt(self, source: str, lane: Lane) -> list[Any] | str:
+        """The raw diagnostics of one try on ``lane``, or why there are none (the server
+        that failed it is ended: dead, or busy with what took too long)."""
+        server: LangServer | None = None
+        try:
+            with anyio.fail_after(self.timeout):
+                server = await self._running(lane)
+                return await self._diagnostics(server, source)
+        except TimeoutError:
+            note = f"the check took longer than {self.timeout:g} s (code_check_timeout)"
+        except (ServerGone, LookupError, OSError) as exc:
+            note = f"the checker failed: {exc}"
+        if server is not None:
+            await self._drop(lane, server)
+        return note
+
+    async def _try_alone(self, source: str, session: str | None, *, retry: bool) -> list[Any] | str:
+        """A try on the lane of its own, one check at a time; a session whose check fails
+        there is suspect from then on. Its server is ended when no check waits for it."""
+        self._waiting_alone += 1
+        try:
+            async with self._alone:
+                self.retried += retry
+                raw = await self._attempt(source, "alone")
+                if isinstance(raw, str) and session is not None:
+                    self._suspects[session] = None
+                    while len(self._suspects) > _SUSPECTS:
+                        del self._suspects[next(iter(self._suspects))]
+                return raw
+        finally:
+            self._waiting_alone -= 1
+            server = self._servers["alone"]
+            if not self._waiting_alone and server is not None:
+                await self._drop("alone", server)
+
+    async def _diagnostics(self, server: LangServer, source: str) -> list[Any]:
         assert self._root is not None
         self._docs += 1
         uri = (self._root / f"run_{self._docs}.py").as_uri()
@@ -283,12 +369,24 @@ class CodeChecker:
 
     async def aclose(self) -> None:
         self._closed = True
-        server, self._server = self._server, None
-        with anyio.CancelScope(shield=True):
-            if server is not None:
-                await server.kill()
+        for lane in self._servers:
+            server, self._servers[lane] = self._servers[lane], None
+            with anyio.CancelScope(shield=True):
+                if server is not None:
+                    await server.kill()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` if it holds anything else, in one step: a server of the
+    other lane may be reading it (and watches it)."""
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            return
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def _relative_imports(source: str) -> list[CodeDiagnostic]:

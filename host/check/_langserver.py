@@ -39,8 +39,12 @@ class ServerGone(Exception):
     """The language server is not running (it failed to start, or it died)."""
 
 
-def server_command() -> list[str]:
-    """``node .../langserver.index.js --stdio``.
+def server_command(heap: int | None = None) -> list[str]:
+    """``node [--max-old-space-size=MiB] .../langserver.index.js --stdio``.
+
+    ``heap``: bytes node's JavaScript heap may grow to; past it, node ends the server
+    (a check that makes pyright's types explode in memory ends there, not in the host's
+    memory).
 
     Raises:
         ServerGone: node or pyright's server script cannot be found.
@@ -58,7 +62,8 @@ def server_command() -> list[str]:
         if not found:
             raise ServerGone("node is not installed (run `pyright --version` once to fetch it)")
         node = str(found[-1])
-    return [node, str(script), "--stdio"]
+    flags = [f"--max-old-space-size={max(64, heap // 2**20)}"] if heap is not None else []
+    return [node, *flags, str(script), "--stdio"]
 
 
 class LangServer:

@@ -67,7 +67,11 @@ class Limits(_Model):
     ``off``. A run may override it (``check=``)."""
     code_check_timeout: Duration = 10.0
     """Seconds a check may take (the checker's start included) before the run goes on
-    unchecked (``warn``) or is refused (``refuse``)."""
+    unchecked (``warn``) or is refused (``refuse``); a check the shared checker failed
+    is tried once more alone, with as long again."""
+    code_check_memory: Size = 1024**3
+    """Bytes the checker's JavaScript heap may grow to (each of its language servers);
+    a check that needs more ends the server and is reported ``unavailable``."""
     max_pending_approvals: int = Field(default=20, gt=0)
     max_argument_size: Size = 4 * 1024**2
     """Bytes the encoded arguments of one call may take; more is refused before policy."""
