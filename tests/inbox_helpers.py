@@ -9,6 +9,7 @@ an event loop, and while it is alive no other loop may run on the main thread.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import textwrap
@@ -96,6 +97,23 @@ def make_inbox_project(root: Path) -> Path:
         (root / "tools" / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
     (root / "policy.toml").write_text(POLICY, encoding="utf-8")
     return root
+
+
+def sign_in(client: Any, url: str) -> dict[str, str]:
+    """Open the printed link as the inbox's page does; returns the headers the page's own
+    requests carry (origin, same-origin, its key), which the client now sends by default
+    with the session cookie. The cookie is set by hand: an HTTP client keeps a ``Secure``
+    cookie for https only, where a browser keeps it for loopback too."""
+    response = client.get(url)
+    assert response.status_code == 200, response.text
+    found = re.search(r'name="csrf-token" content="([^"]+)"', response.text)
+    assert found is not None, "no key in the page"
+    name, _, rest = response.headers["set-cookie"].partition("=")
+    base = url.split("/inbox/", 1)[0]
+    good = {"origin": base, "sec-fetch-site": "same-origin", "x-csrf-token": found.group(1)}
+    client.headers["cookie"] = f"{name}={rest.split(';', 1)[0]}"
+    client.headers["x-csrf-token"] = good["x-csrf-token"]
+    return good
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -210,17 +210,74 @@ def test_deny_with_a_comment_the_caller_receives(
     assert ["TrustedHTML" in problem for problem in page.problems] == [True]
 
 
-def test_a_page_without_the_token_is_refused(
+def test_a_page_without_the_token_shows_nothing(
     served: ServedHost, browser: Any, contexts: list[Any]
 ) -> None:
     page = new_context(browser, contexts).new_page()
     response = page.goto(f"{served.base}/inbox/")
-    assert response.status == 401
-    assert "open the inbox link with ?token=" in page.content()
+    assert response.status == 200  # the page itself holds no data
+    expect(page.locator("#status")).to_have_text("not signed in: open the link toolhost printed")
+    expect(page.locator("li.request")).to_have_count(0)
     assert page.goto(f"{served.base}/inbox/?token=guess").status == 403
     assert page.goto(f"{served.base}/inbox/events").status == 401
     csp = response.headers["content-security-policy"]
     assert "require-trusted-types-for 'script'" in csp and "unsafe-inline" not in csp
+
+
+def test_the_cookie_a_page_on_another_port_collects_is_worth_nothing(
+    served: ServedHost, browser: Any, contexts: list[Any]
+) -> None:
+    """Cookies do not tell ports apart: a page a tool serves on another port of the host
+    gets the inbox's session cookie from the person's browser. Replayed by a program that
+    sends every header the inbox's own page would, it reads and answers nothing: the
+    page's key lives only in the inbox tab's storage. The person's tab goes on working,
+    across a reload; another tab without the printed link is not signed in."""
+    import httpx2
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    collected: list[str] = []
+
+    async def collect(request: Request) -> HTMLResponse:
+        collected.append(request.headers.get("cookie", ""))
+        return HTMLResponse("<p>a harmless page</p>")
+
+    context = new_context(browser, contexts)
+    page = open_inbox(context, served)
+    assert "token=" not in page.url
+    inject(served, "replayed", expires_in=120)
+    with served_app(Starlette(routes=[Route("/collect", collect)])) as other:
+        context.new_page().goto(f"http://127.0.0.1:{other.port}/collect")
+    guard = served.serve.inbox.guard  # type: ignore[union-attr]
+    (cookie,) = collected
+    assert f"__Host-{guard.cookie}=" in cookie  # the premise: the cookie was collected
+    forged = {
+        "cookie": cookie,
+        "origin": served.base,
+        "sec-fetch-site": "same-origin",
+        "content-type": "application/json",
+    }
+    answer = {"decision": "approve_once", "acknowledged": True}
+    with httpx2.Client(base_url=served.base) as replay:
+        for path in ("/inbox/events", "/inbox/api/audit"):
+            assert replay.get(path, headers=forged).status_code == 403, path
+        approve = replay.post("/inbox/api/approvals/replayed", json=answer, headers=forged)
+        assert approve.status_code == 403 and "page key" in approve.text
+        assert 'name="csrf-token" content=""' in replay.get("/inbox/", headers=forged).text
+    row = pending_row(served, "replayed")
+    assert row is not None and row.answer is None
+    page.reload()
+    expect(page.locator("#status")).to_have_text("live")
+    item = page.locator('li.request[data-id="replayed"]')
+    item.get_by_role("button", name="Approve once").click()
+    expect(item).to_have_count(0)
+    row = pending_row(served, "replayed")
+    assert row is None or row.answer is not None
+    fresh = context.new_page()  # same cookie jar, no key in its storage
+    fresh.goto(f"{served.base}/inbox/")
+    expect(fresh.locator("#status")).to_have_text("not signed in: open the link toolhost printed")
 
 
 def test_an_expired_request_says_so(served: ServedHost, browser: Any, contexts: list[Any]) -> None:

@@ -19,8 +19,8 @@ BASE = "http://127.0.0.1:8000"
 
 def _request(method: str, guard: Guard, sid: str | None, **headers: str) -> Request:
     sent = {"host": "127.0.0.1:8000", **headers}
-    if sid is not None:
-        sent["cookie"] = f"{guard.cookie}={sid}"
+    if sid is not None:  # loopback is a secure origin: the cookie is the __Host- one
+        sent["cookie"] = f"__Host-{guard.cookie}={sid}"
     scope = {
         "type": "http",
         "method": method,
@@ -57,7 +57,7 @@ def test_a_good_change_passes(guard: Guard) -> None:
     ("drop", "status", "reason"),
     [
         ("origin", 403, "Origin"),  # a POST with no Origin header is refused
-        ("x-csrf-token", 403, "CSRF"),
+        ("x-csrf-token", 403, "page key"),
         ("content-type", 415, "JSON"),
     ],
 )
@@ -93,12 +93,68 @@ def test_changes_and_reads_from_another_site_are_refused(guard: Guard, site: str
 
 
 def test_a_read_needs_the_session(guard: Guard) -> None:
-    sid, _ = _good(guard)
-    guard.check_read(_request("GET", guard, sid, **{"sec-fetch-site": "same-origin"}))
+    sid, headers = _good(guard)
+    read = {"sec-fetch-site": "same-origin", "x-csrf-token": headers["x-csrf-token"]}
+    guard.check_read(_request("GET", guard, sid, **read))
     for other in (None, "forged-session-id"):
         with pytest.raises(Refused) as info:
-            guard.check_read(_request("GET", guard, other, **{"sec-fetch-site": "same-origin"}))
+            guard.check_read(_request("GET", guard, other, **read))
         assert info.value.status == 401
+
+
+def test_the_cookie_without_the_pages_key_reads_and_changes_nothing(guard: Guard) -> None:
+    """Cookies do not tell ports apart: a page on another port of the host gets the
+    session cookie. Without the key, which only the inbox's own origin holds, it is
+    worth nothing: not for a read (the event stream, the audit), not for a change."""
+    sid, headers = _good(guard)
+    _, other = guard.open_session()
+    for key in (None, "", other.csrf, headers["x-csrf-token"][:8], "guess"):
+        read = {"sec-fetch-site": "same-origin"}
+        change = dict(headers)
+        if key is None:
+            del change["x-csrf-token"]
+        else:
+            read["x-csrf-token"] = change["x-csrf-token"] = key
+        with pytest.raises(Refused) as info:
+            guard.check_read(_request("GET", guard, sid, **read))
+        assert info.value.status == 403 and "page key" in info.value.reason
+        with pytest.raises(Refused):
+            guard.check_change(_request("POST", guard, sid, **change))
+
+
+@pytest.mark.parametrize(
+    ("host", "scheme", "name", "secure"),
+    [
+        ("127.0.0.1:8000", "http", "__Host-", True),
+        ("localhost:8000", "http", "__Host-", True),
+        ("[::1]:8000", "http", "__Host-", True),
+        ("inbox.example:443", "https", "__Host-", True),
+        ("10.0.0.5:8000", "http", "", False),  # plain HTTP elsewhere: no Secure cookie
+    ],
+)
+def test_the_cookie_is_a_host_cookie_where_the_origin_is_secure(
+    host: str, scheme: str, name: str, secure: bool
+) -> None:
+    from starlette.responses import Response
+
+    guard = Guard("t" * 32, allowed_hosts=["inbox.example", "10.0.0.5"])
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "scheme": scheme,
+        "server": ("127.0.0.1", 8000),
+        "path": "/inbox/",
+        "query_string": b"",
+        "headers": [(b"host", host.encode())],
+    }
+    response = Response()
+    sid, _ = guard.open_session()
+    guard.set_cookie(response, sid, Request(scope), "/inbox")
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith(f"{name}{guard.cookie}={sid};")
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert ("Secure" in cookie) is secure
+    assert ("Path=/;" in cookie) is secure and ("Path=/inbox" in cookie) is not secure
 
 
 def test_the_token_matches_only_whole(guard: Guard) -> None:

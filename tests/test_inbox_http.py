@@ -23,7 +23,7 @@ import pytest
 
 from host.audit import PendingApproval
 
-from .inbox_helpers import ServedHost, make_inbox_project, served_host, wait_until
+from .inbox_helpers import ServedHost, make_inbox_project, served_host, sign_in, wait_until
 
 pytestmark = pytest.mark.subprocess
 
@@ -42,21 +42,10 @@ def served(project: Path) -> Iterator[ServedHost]:
 
 
 def signed_in(served: ServedHost) -> tuple[httpx2.Client, dict[str, str]]:
-    """A client holding a session cookie, and the headers the page's own POSTs carry."""
+    """A client holding what the page holds (the session cookie and its key), and the
+    headers the page's own POSTs carry."""
     client = httpx2.Client(base_url=served.base, follow_redirects=False)
-    token = served.inbox_url.split("token=", 1)[1]
-    response = client.get("/inbox/", params={"token": token})
-    assert response.status_code == 200
-    page = client.get("/inbox/")
-    assert page.status_code == 200
-    match = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
-    assert match is not None
-    headers = {
-        "origin": served.base,
-        "sec-fetch-site": "same-origin",
-        "x-csrf-token": match.group(1),
-    }
-    return client, headers
+    return client, sign_in(client, served.inbox_url)
 
 
 def inject(served: ServedHost, pending_id: str, *, warnings: tuple[str, ...] = ()) -> None:
@@ -90,24 +79,38 @@ def remove(served: ServedHost, pending_id: str) -> None:
     served.run(host.store.remove_pending, pending_id)
 
 
-def test_the_token_the_cookie_and_the_headers(served: ServedHost) -> None:
+def test_the_token_the_cookie_the_key_and_the_headers(served: ServedHost) -> None:
     with httpx2.Client(base_url=served.base, follow_redirects=False) as client:
-        assert client.get("/inbox/").status_code == 401
+        blank = client.get("/inbox/")  # the page holds no data: served, with no key
+        assert blank.status_code == 200 and 'name="csrf-token" content=""' in blank.text
+        assert "set-cookie" not in blank.headers
         assert client.get("/inbox/events").status_code == 401
         assert client.get("/inbox/api/audit").status_code == 401
         assert client.get("/inbox/", params={"token": "guess"}).status_code == 403
         refused = client.get("/inbox/", headers={"host": "evil.example"})
         assert refused.status_code == 421  # DNS rebinding: a foreign Host name
         token = served.inbox_url.split("token=", 1)[1]
-        bounce = client.get("/inbox/", params={"token": token})
-        assert bounce.status_code == 200
-        assert '<meta http-equiv="refresh" content="0;url=./">' in bounce.text
-        assert token not in bounce.text
-        cookie = bounce.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/inbox" in cookie
-        assert token not in cookie
+        opened = client.get("/inbox/", params={"token": token})
+        assert opened.status_code == 200 and token not in opened.text
+        key = re.search(r'name="csrf-token" content="([^"]+)"', opened.text)
+        assert key is not None and len(key.group(1)) >= 40
+        cookie = opened.headers["set-cookie"]
+        assert cookie.startswith("__Host-toolhost_inbox_")  # loopback: a secure origin
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" in cookie
+        assert "Path=/;" in cookie and "Domain" not in cookie and token not in cookie
+        assert opened.headers["cache-control"] == "no-store"  # the key is kept nowhere else
+        # The cookie alone (what a page on another port of this host receives) reads
+        # nothing; with the page's key it reads.
+        client.headers["cookie"] = cookie.split(";", 1)[0]
+        same = {"sec-fetch-site": "same-origin"}
+        for path in ("/inbox/events", "/inbox/api/audit"):
+            assert client.get(path, headers=same).status_code == 403
+            forged = {**same, "x-csrf-token": "k" * len(key.group(1))}
+            assert client.get(path, headers=forged).status_code == 403
+        audit = client.get("/inbox/api/audit", headers={**same, "x-csrf-token": key.group(1)})
+        assert audit.status_code == 200
         page = client.get("/inbox/")
-        assert page.status_code == 200
+        assert page.status_code == 200 and key.group(1) not in page.text
         csp = page.headers["content-security-policy"]
         assert "default-src 'self'" in csp and "script-src 'self'" in csp
         assert "require-trusted-types-for 'script'" in csp and "unsafe-inline" not in csp
@@ -244,10 +247,7 @@ def test_toolhost_inbox_answers_a_host_in_another_process(tmp_path: Path) -> Non
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/inbox/\?token=[\w-]+", url), url
         base = url.split("/inbox/", 1)[0]
         with httpx2.Client(base_url=base, follow_redirects=False) as client:
-            assert client.get(url).status_code == 200
-            csrf = re.search(r'content="([^"]+)"', client.get("/inbox/").text.split("csrf")[1])
-            assert csrf is not None
-            good = {"origin": base, "sec-fetch-site": "same-origin", "x-csrf-token": csrf.group(1)}
+            good = sign_in(client, url)
             snapshot = _events_until(client, lambda d: any(p["offered"] for p in d["pending"]))
             (item,) = snapshot["pending"]
             answer = client.post(

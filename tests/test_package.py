@@ -295,12 +295,17 @@ def test_the_installed_wheel_serves_the_inbox_page(installed: Installed) -> None
         opener = urllib.request.build_opener(
             urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
         )
-        with opener.open(url, timeout=30) as response:  # the token for a cookie
+        with opener.open(url, timeout=30) as response:  # the token for a cookie and a key
             assert response.status == 200
-        with opener.open(base + "/inbox/", timeout=30) as response:
             page = response.read().decode()
-            assert response.status == 200
-        assert "csrf" in page, page[:2000]
+            cookie = response.headers["set-cookie"].split(";", 1)[0]
+        key = re.search(r'name="csrf-token" content="([^"]+)"', page)
+        assert key is not None, page[:2000]
+        audit = urllib.request.Request(  # what the page reads, with its cookie and key
+            base + "/inbox/api/audit", headers={"cookie": cookie, "x-csrf-token": key.group(1)}
+        )
+        with opener.open(audit, timeout=30) as response:
+            assert response.status == 200 and "records" in json.loads(response.read())
         assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', page)
         assert len(assets) >= 2, page[:2000]
         for asset in assets:  # the static files ship in the wheel and are served from it

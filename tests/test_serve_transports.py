@@ -277,8 +277,10 @@ async def test_http_command(project: Path) -> None:
         inbox = seen.decode().split("approval inbox at ", 1)[1].split()[0]
         assert inbox.startswith(url.removesuffix("/mcp") + "/inbox/?token=")
         async with httpx2.AsyncClient() as web:
-            assert (await web.get(inbox.split("?", 1)[0])).status_code == 401
-            assert (await web.get(inbox)).status_code == 200
+            base = inbox.split("?", 1)[0]
+            assert (await web.get(base + "events")).status_code == 401
+            opened = await web.get(inbox)
+            assert opened.status_code == 200 and 'name="csrf-token" content=""' not in opened.text
         process.send_signal(signal.SIGINT)
         with anyio.fail_after(30):
             assert await process.wait() == 130  # interrupted, as any command

@@ -208,8 +208,9 @@ class _StatsEndpoint:
     """``/stats``: ``host.stats()`` as JSON, for whoever holds the inbox's token.
 
     The token goes in an ``Authorization: Bearer TOKEN`` header, never in the URL (where
-    logs keep it); the inbox's browser cookie is not sent here (it belongs to
-    ``/inbox/``), and a request carrying a cookie and no token is refused like any other.
+    logs keep it); the inbox's browser cookie (a ``__Host-`` cookie for ``/``, so sent
+    here too) does not count: a request carrying a cookie and no token is refused like
+    any other.
     The ``Host`` header is checked as the inbox checks it (DNS rebinding).
     """
 

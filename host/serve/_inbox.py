@@ -41,14 +41,6 @@ __all__ = ["Inbox", "inbox_app"]
 
 _STATIC: Final = resources.files("host.serve") / "static"
 _PAGE: Final = (_STATIC / "inbox.html").read_text(encoding="utf-8")
-_BOUNCE: Final = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="0;url=./">
-<link rel="icon" href="static/icon.svg" type="image/svg+xml">
-<title>Approval inbox</title></head>
-<body><p><a href="./">Continue to the approval inbox</a></p></body></html>
-"""
-"""The answer to the token URL: it sets the cookie and moves on by itself (no script)."""
 
 _DECISIONS: Final[dict[str, tuple[bool, Literal["once", "session", "always"]]]] = {
     "approve_once": (True, "once"),
@@ -159,16 +151,18 @@ class Inbox:
         return guarded
 
     async def _page(self, request: Request) -> Response:
+        """The page. Given the token: a new browser session, its cookie, and its key in
+        the page (which moves it to the tab's storage). Without: the page and no key (it
+        holds no data: a tab that has the key reloads from here)."""
         given = request.query_params.get("token")
-        if given is not None:
-            if not self.guard.token_matches(given):
-                raise Refused(403, "wrong token: open the link toolhost printed")
-            sid, _ = self.guard.open_session()
-            response: Response = HTMLResponse(_BOUNCE)
-            self.guard.set_cookie(response, sid, _mount_path(request))
-            return response
-        session = self.guard.session(request)
-        return HTMLResponse(_PAGE.replace("__CSRF__", session.csrf))
+        if given is None:
+            return HTMLResponse(_PAGE.replace("__CSRF__", ""))
+        if not self.guard.token_matches(given):
+            raise Refused(403, "wrong token: open the link toolhost printed")
+        sid, session = self.guard.open_session()
+        response = HTMLResponse(_PAGE.replace("__CSRF__", session.csrf))
+        self.guard.set_cookie(response, sid, request, _mount_path(request))
+        return response
 
     async def _events(self, request: Request) -> Response:
         self.guard.check_read(request)

@@ -1,16 +1,25 @@
 """Who may use the approval inbox: the token, the cookie, and cross-site requests.
 
-* **Token -> cookie.** The inbox prints a URL with a random token. Opening it answers a
-  small page that sets an ``HttpOnly; SameSite=Strict`` session cookie (never the token
-  itself) and sends the browser on to the clean URL with a ``<meta refresh>``: that
-  second request is started by our own page, so the Strict cookie goes with it even when
-  the link was clicked on another site (a 303 there would arrive without the cookie).
-* **Every request** needs the cookie, and a ``Host`` header naming loopback (or an
-  address the operator allowed): a DNS-rebinding page cannot pose as the inbox.
-* **Every change** (a POST) must come from the inbox's own page: ``Sec-Fetch-Site``
-  ``same-origin`` (not ``same-site``: another port of 127.0.0.1 is the same *site*), an
-  ``Origin`` equal to the inbox's, port included, a JSON body (an HTML form cannot send
-  one), and the session's CSRF token in ``X-CSRF-Token``.
+* **Token -> two halves of a session.** The inbox prints a URL with a random token.
+  Opening it opens a browser session and answers the page with both halves: an
+  ``HttpOnly; SameSite=Strict`` cookie (``__Host-`` prefixed, ``Secure``, ``Path=/``
+  where the origin is secure: https, or loopback, which browsers treat as such), and the
+  page's key in the page itself. The page keeps the key in its tab's
+  ``sessionStorage`` and takes the token out of the address bar: after this first
+  exchange no credential is in a URL.
+* **The cookie alone is worth nothing.** Cookies do not tell ports apart: a page served
+  on another port of the same host (a tool's, say) receives the inbox's cookie from the
+  browser, and a program that is not a browser can replay it with any header. So every
+  read of data (the event stream, the audit) and every change needs the page's key too,
+  in ``X-CSRF-Token``: it lives only in storage of the inbox's own origin (scheme, host
+  and port), which no other origin can read, and the browser sends it nowhere by itself.
+  The page (HTML and script, no data) is served to anyone.
+* **Every request** needs a ``Host`` header naming loopback (or an address the operator
+  allowed): a DNS-rebinding page cannot pose as the inbox.
+* **Every read and change** must come from the inbox's own page: ``Sec-Fetch-Site``
+  ``same-origin`` (not ``same-site``: another port of 127.0.0.1 is the same *site*); a
+  change also needs an ``Origin`` equal to the inbox's, port included, and a JSON body
+  (an HTML form cannot send one).
 * **Headers** on every response: a strict Content-Security-Policy (scripts and styles
   from the inbox only, no inline code, Trusted Types required, so assigning a string to
   ``innerHTML`` throws), no framing, no referrer (the token never leaks), no caching.
@@ -85,9 +94,10 @@ class SecurityHeaders:
 
 @dataclass(slots=True)
 class WebSession:
-    """One browser that exchanged the token: its CSRF token."""
+    """One browser tab that exchanged the token: the key its page holds."""
 
     csrf: str
+    """The page's key (its anti-forgery token), sent as ``X-CSRF-Token``."""
     created: float
 
 
@@ -107,6 +117,12 @@ def _loopback_host(name: str) -> bool:
     return name in ("127.0.0.1", "localhost", "[::1]")
 
 
+def _host_name(request: Request) -> str:
+    host = request.headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name.lower()
+
+
 class Guard:
     """The token, the browser sessions it opened, and the checks of each request.
 
@@ -120,7 +136,8 @@ class Guard:
         self.token = token or secrets.token_urlsafe(24)
         self.cookie = f"toolhost_inbox_{secrets.token_hex(4)}"
         """Per inbox: two inboxes on one machine never overwrite each other's cookie
-        (cookies do not separate ports)."""
+        (cookies do not separate ports). On a secure origin it is sent as
+        ``__Host-`` + this name (:meth:`cookie_name`)."""
         self._hosts = {h.lower() for h in allowed_hosts or []}
         self._sessions: OrderedDict[str, WebSession] = OrderedDict()
         self.refused: list[tuple[str, str]] = []
@@ -135,11 +152,20 @@ class Guard:
         return Refused(status, reason)
 
     def check_host(self, request: Request) -> None:
-        host = request.headers.get("host", "")
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        name = name.lower()
+        name = _host_name(request)
         if not (_loopback_host(name) or name in self._hosts):
+            host = request.headers.get("host", "")
             raise self._refuse(request, 421, f"this inbox does not answer for host {host!r}")
+
+    @staticmethod
+    def secure_origin(request: Request) -> bool:
+        """Whether the browser sees the inbox's origin as secure (https, or loopback),
+        so a ``Secure``, ``__Host-`` cookie is kept."""
+        return request.url.scheme == "https" or _loopback_host(_host_name(request))
+
+    def cookie_name(self, request: Request) -> str:
+        """The session cookie's name for this request's origin."""
+        return f"__Host-{self.cookie}" if self.secure_origin(request) else self.cookie
 
     def token_matches(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.token.encode())
@@ -156,12 +182,22 @@ class Guard:
         self._sessions[sid] = session
         return sid, session
 
-    def set_cookie(self, response: Response, sid: str, path: str) -> None:
-        response.set_cookie(self.cookie, sid, httponly=True, samesite="strict", path=path)
+    def set_cookie(self, response: Response, sid: str, request: Request, path: str) -> None:
+        """Set the session cookie: ``__Host-``, ``Secure`` and ``Path=/`` on a secure
+        origin (what the prefix demands), else only under the inbox's ``path``."""
+        secure = self.secure_origin(request)
+        response.set_cookie(
+            self.cookie_name(request),
+            sid,
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+            path="/" if secure else path,
+        )
 
     def session(self, request: Request) -> WebSession:
         """The request's browser session; refuses without one (401)."""
-        sid = request.cookies.get(self.cookie)
+        sid = request.cookies.get(self.cookie_name(request))
         session = self._sessions.get(sid) if sid else None
         if session is None or session.created < time.time() - _SESSION_LIFE:
             raise self._refuse(
@@ -170,11 +206,20 @@ class Guard:
         return session
 
     def check_read(self, request: Request) -> WebSession:
-        """A read by the inbox's page (events, the audit): session and same origin."""
+        """A read by the inbox's page (events, the audit): session, same origin, and the
+        page's key (the cookie alone may have been collected on another port)."""
         session = self.session(request)
         if request.headers.get("sec-fetch-site", "same-origin") != "same-origin":
             raise self._refuse(request, 403, "cross-site request")
+        self._check_key(request, session)
         return session
+
+    def _check_key(self, request: Request, session: WebSession) -> None:
+        given = request.headers.get("x-csrf-token", "")
+        if not hmac.compare_digest(given.encode(), session.csrf.encode()):
+            raise self._refuse(
+                request, 403, "no page key: open the inbox link toolhost printed in this tab"
+            )
 
     def check_change(self, request: Request) -> WebSession:
         """A change (a POST): session, same origin, exact Origin, JSON, CSRF token."""
@@ -188,7 +233,5 @@ class Guard:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json":
             raise self._refuse(request, 415, "the inbox takes JSON only")
-        given = request.headers.get("x-csrf-token", "")
-        if not hmac.compare_digest(given.encode(), session.csrf.encode()):
-            raise self._refuse(request, 403, "bad CSRF token: reload the page")
+        self._check_key(request, session)
         return session

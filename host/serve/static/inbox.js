@@ -4,7 +4,21 @@
 // Content-Security-Policy requires Trusted Types, so assigning a string to innerHTML
 // would throw anyway.
 (() => {
-  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  // The page's key: in the page only when it answered the printed link (with its token);
+  // kept in this tab's storage, which no other origin (another port included) can read,
+  // and sent with every request as X-CSRF-Token. The session cookie alone is worth nothing.
+  const KEY_NAME = "toolhost-inbox-key";
+  let csrf = document.querySelector('meta[name="csrf-token"]').content;
+  try {
+    if (csrf) window.sessionStorage.setItem(KEY_NAME, csrf);
+    else csrf = window.sessionStorage.getItem(KEY_NAME) || "";
+  } catch (e) {
+    /* storage may be off: the key then lasts as long as the page */
+  }
+  if (window.location.search) {
+    // No credential stays in the address bar or the history after the first exchange.
+    window.history.replaceState(null, "", window.location.pathname);
+  }
   const statusEl = document.getElementById("status");
   const errorEl = document.getElementById("error");
   const pendingEl = document.getElementById("pending");
@@ -272,7 +286,10 @@
     const params = new URLSearchParams(new FormData(filterEl));
     params.set("limit", "100");
     try {
-      const response = await fetch(`api/audit?${params}`, { credentials: "same-origin" });
+      const response = await fetch(`api/audit?${params}`, {
+        credentials: "same-origin",
+        headers: { "X-CSRF-Token": csrf },
+      });
       if (!response.ok) return;
       const data = await response.json();
       auditEl.tBodies[0].replaceChildren(
@@ -307,27 +324,75 @@
     loadAudit();
   });
   filterEl.addEventListener("input", auditSoon);
+
+  if (!csrf) {
+    statusEl.textContent = "not signed in: open the link toolhost printed";
+    return;
+  }
   window.setInterval(loadAudit, 5000);
   loadAudit();
 
   // -- live updates -----------------------------------------------------------------------
+  // The event stream is read with fetch (EventSource cannot send the key): server-sent
+  // events, one "snapshot" per change, comments as keep-alives.
 
-  const source = new EventSource("events");
-  source.addEventListener("open", () => {
+  function onSnapshot(text) {
     statusEl.textContent = "live";
-  });
-  source.addEventListener("snapshot", (event) => {
-    statusEl.textContent = "live";
-    const data = JSON.parse(event.data);
+    const data = JSON.parse(text);
     errorEl.hidden = !data.error;
     errorEl.textContent = data.error || "";
     renderPending(data.pending);
     renderClosed(data.closed);
     renderGrants(data.grants);
     auditSoon();
-  });
-  source.addEventListener("error", () => {
-    statusEl.textContent =
-      source.readyState === EventSource.CLOSED ? "disconnected: reopen the link toolhost printed" : "reconnecting…";
-  });
+  }
+
+  function onFrame(frame) {
+    let kind = "message";
+    const data = [];
+    for (const line of frame.split("\n")) {
+      if (line.startsWith("event:")) kind = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (kind === "snapshot" && data.length) onSnapshot(data.join("\n"));
+  }
+
+  async function follow() {
+    const response = await fetch("events", {
+      credentials: "same-origin",
+      headers: { "X-CSRF-Token": csrf, Accept: "text/event-stream" },
+    });
+    if (response.status === 401 || response.status === 403) return false;
+    if (!response.ok || !response.body) return true;
+    statusEl.textContent = "live";
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return true;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        onFrame(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  }
+
+  (async () => {
+    for (;;) {
+      let again = true;
+      try {
+        again = await follow();
+      } catch (e) {
+        /* the connection broke: try again */
+      }
+      if (!again) {
+        statusEl.textContent = "disconnected: reopen the link toolhost printed";
+        return;
+      }
+      statusEl.textContent = "reconnecting…";
+      await new Promise((resolve) => window.setTimeout(resolve, 2000));
+    }
+  })();
 })();
