@@ -107,6 +107,28 @@ def undumpable(settings: dict[str, Any]) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
 
 
+def _leave_network(settings: dict[str, Any]) -> None:
+    """No network at all (``[capsules] network = "none"`` with no ports): a network
+    namespace of the capsule's own, where the kernel allows one; Landlock is told whether
+    it was made (with neither it nor Landlock's TCP rules, the capsule refuses to load).
+    Fails closed."""
+    rules = settings.get("landlock")
+    if rules is None or rules.get("network") != "none" or rules.get("connect_ports"):
+        return
+    from . import _netns
+
+    try:
+        failure = _netns.isolate()
+    except OSError as exc:
+        os.write(
+            2,
+            f"toolhost capsule: could not finish its network namespace ({exc}); "
+            "refusing to load the tools\n".encode(errors="replace"),
+        )
+        os._exit(CONFINE_EXIT)
+    settings["landlock"] = {**rules, "netns": failure is None, "netns_failure": failure}
+
+
 def _confine(settings: dict[str, Any]) -> None:
     """Landlock, as the host asks; before any thread starts. Fails closed."""
     rules = settings.get("landlock")
@@ -351,6 +373,7 @@ def work(settings: dict[str, Any], lifelines: list[int], *, keeper_is_parent: bo
     """The worker's life: give up privileges, confine, load the tools, serve until the
     host closes the pipe. Also the entry of a capsule forked from the host's zygote
     (``capsule/_zygote.py``), which has no reaper of its own: the keeper is its parent."""
+    _leave_network(settings)  # before the capabilities it brings are dropped
     drop_privileges("capsule")
     _confine(settings)  # before any thread: a thread started earlier would stay outside
     proto_in, proto_out, console_read = _take_stdio()

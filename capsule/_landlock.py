@@ -256,7 +256,9 @@ def restrict(spec: Mapping[str, Any]) -> int:
     ``spec``: ``write`` (roots beneath which writing is allowed), ``deny_write`` and
     ``deny_read`` (paths beneath which it is not; a path need not exist), ``network``
     (``"none"``: no TCP bind or connect but to the ``connect_ports``; ``"all"``, or
-    absent: TCP is not restricted). Call it before any thread starts.
+    absent: TCP is not restricted) and ``netns`` (the process is in a network namespace
+    of its own: with it, a kernel without Landlock's TCP rules still has no network).
+    Call it before any thread starts.
 
     Raises:
         OSError: Landlock is missing or refused the ruleset; nothing was restricted
@@ -269,6 +271,13 @@ def restrict(spec: Mapping[str, Any]) -> int:
     deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
     deny_read = _real(spec.get("deny_read", ()))
     closed = spec.get("network", "all") == "none"
+    if closed and version < NET_ABI and not spec.get("netns"):
+        raise OSError(
+            95,
+            f"this kernel's Landlock (ABI {version}) cannot take TCP away and no network "
+            f"namespace could be made ({spec.get('netns_failure') or 'not tried'}): "
+            'set [capsules] network = "all" to run the tools with the network',
+        )
     rules = _Ruleset(
         version,
         fs=_WRITE_RIGHTS | _READ_FILE | _REFER,

@@ -39,6 +39,7 @@ PRELOAD = (
     "capsule._convert",
     "capsule._harden",
     "capsule._landlock",
+    "capsule._netns",
     "capsule.context",
     "capsule.protocol",
     "msgpack",

@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from host.serve import asgi_app
-from host.serve._auth import CLIENTS_FILE, ClientTokens
+from host.serve import CLIENTS_FILE, ClientTokens, asgi_app
 
 from .inbox_helpers import served_app
 from .mcp_helpers import make_mcp_project

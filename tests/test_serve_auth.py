@@ -25,8 +25,7 @@ from mcp.server.auth.provider import AccessToken
 
 from host import Event
 from host.cli import main as cli_main
-from host.serve import ServeApp, asgi_app
-from host.serve._auth import CLIENTS_FILE, ClientTokens
+from host.serve import CLIENTS_FILE, ClientTokens, ServeApp, asgi_app
 
 from .inbox_helpers import Served, served_app
 from .mcp_helpers import make_mcp_project

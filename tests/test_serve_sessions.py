@@ -19,8 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from host.serve import ServeApp, asgi_app
-from host.serve._auth import CLIENTS_FILE, ClientTokens
+from host.serve import CLIENTS_FILE, ClientTokens, ServeApp, asgi_app
 
 from .inbox_helpers import Served, served_app, wait_until
 from .mcp_helpers import make_mcp_project

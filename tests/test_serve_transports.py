@@ -26,8 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from host import ApprovalRequest
-from host.serve import RUN_CODE, ServeApp, asgi_app
-from host.serve._auth import CLIENTS_FILE, ClientTokens
+from host.serve import CLIENTS_FILE, RUN_CODE, ClientTokens, ServeApp, asgi_app
 
 from .inbox_helpers import Served, served_app
 from .mcp_helpers import Recorder, error_of, make_mcp_project, wait_for

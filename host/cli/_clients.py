@@ -20,13 +20,13 @@ from host.declare import resolve_project
 from ._common import Subparsers, UsageError, dumps, project_dir
 
 if TYPE_CHECKING:
-    from host.serve._auth import ClientTokens
+    from host.serve import ClientTokens
 
 __all__ = ["CLIENTS_COMMANDS"]
 
 
 def _tokens(args: argparse.Namespace) -> ClientTokens:
-    from host.serve._auth import CLIENTS_FILE, ClientTokens  # mcp is imported only here
+    from host.serve import CLIENTS_FILE, ClientTokens  # mcp is imported only here
 
     project = resolve_project(project_dir(args))
     return ClientTokens(project.state_dir / CLIENTS_FILE)

@@ -117,7 +117,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def _client_count(project: Path) -> int:
     """How many clients may authenticate; none: a usage error that says what to do."""
-    from host.serve._auth import CLIENTS_FILE, ClientTokens
+    from host.serve import CLIENTS_FILE, ClientTokens
 
     now = time.time()
     tokens = ClientTokens(resolve_project(project).state_dir / CLIENTS_FILE)

@@ -12,6 +12,9 @@ Sits above the orchestrator, below the command line: may import the orchestrator
 are imported here and nowhere else in the host.
 """
 
+from ._auth import CLIENTS_FILE as CLIENTS_FILE
+from ._auth import Client as Client
+from ._auth import ClientTokens as ClientTokens
 from ._http import ServeApp as ServeApp
 from ._http import asgi_app as asgi_app
 from ._http import run_http as run_http
@@ -23,6 +26,9 @@ from ._standalone import serve_inbox as serve_inbox
 from ._tools import RUN_CODE as RUN_CODE
 
 __all__ = [
+    "CLIENTS_FILE",
+    "Client",
+    "ClientTokens",
     "ServeApp",
     "asgi_app",
     "run_http",
