@@ -200,6 +200,7 @@ explodes (measured: 5.3 GB and 50 s before node gave up, with no heap bound)."""
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # it restarts pyright four times
 async def test_a_check_that_breaks_the_checker_fails_alone(
     make_project: Callable[..., Path], wasm_prepared: Any
 ) -> None:
