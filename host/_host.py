@@ -43,12 +43,14 @@ from .capsules import (
     CodeError,
     CodeResult,
     CodeSandbox,
+    EgressProxy,
     RunOptions,
     Supervisor,
     TransportFactory,
     check_interpreter,
     containment,
     minimal_env,
+    proxy_env,
     read_options,
     tool_capsules,
 )
@@ -501,6 +503,8 @@ class Host:
         self._idle_due: float | None = None
         """When the idle watch wakes next (``None``: only when woken)."""
         self._watch_policy = watch_policy
+        self.egress: EgressProxy | None = None
+        """The egress proxy, when ``[capsules] network`` names hosts."""
         self.checker = CodeChecker(
             scope,
             task_group=task_group,
@@ -605,11 +609,20 @@ class Host:
             approver = InboxApprover(store)
         try:
             async with anyio.create_task_group() as tg:
+                egress: EgressProxy | None = None
+                if capsule is None and config.capsules.network_hosts():
+                    egress = EgressProxy(config.capsules.network_hosts())
+                    await egress.start(tg)
                 host = cls(
                     resolved,
                     discovery,
                     config,
-                    capsule or tool_capsules(config.capsules, resolved.root),
+                    capsule
+                    or tool_capsules(
+                        config.capsules,
+                        resolved.root,
+                        egress_port=egress.port if egress is not None else None,
+                    ),
                     tg,
                     store=store,
                     approver=approver if approver is not None else default_approver(),
@@ -619,6 +632,9 @@ class Host:
                 )
                 host.mediator.hooks.set_files(project_hooks)
                 host.custom_capsules = capsule is not None
+                if egress is not None:
+                    egress.events = host.events
+                    host.egress = egress
                 host._idle_pinned = "session_idle" in overrides
                 tg.start_soon(host._watch_idle)
                 host.mediator.tracing = Tracing.open(
@@ -691,6 +707,8 @@ class Host:
         env_config = self.config.env
         passed = {name: os.environ[name] for name in env_config.pass_ if name in os.environ}
         passed.update(env_config.set)
+        if self.egress is not None:  # the named hosts are reached through it
+            passed.update(proxy_env(self.egress.port))
         return minimal_env(passed)
 
     def _session_id(self, session_id: str | None) -> str:

@@ -21,6 +21,8 @@ from ._code_results import CodeCheck as CodeCheck
 from ._code_results import CodeDiagnostic as CodeDiagnostic
 from ._code_results import CodeError as CodeError
 from ._code_results import CodeResult as CodeResult
+from ._egress import EgressProxy as EgressProxy
+from ._egress import proxy_env as proxy_env
 from ._guard import Containment as Containment
 from ._guard import containment as containment
 from ._process import minimal_env as minimal_env
@@ -60,6 +62,8 @@ __all__ = [
     "CodeResult",
     "Containment",
     "containment",
+    "EgressProxy",
+    "proxy_env",
     "CodeSandbox",
     "check_interpreter",
     "Supervisor",

@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import anyio
 import anyio.abc
@@ -324,16 +324,24 @@ def _caches() -> tuple[Path, ...]:
     return tuple(found)
 
 
-def tool_capsules(capsules: CapsulesConfig, root: Path) -> TransportFactory:
+def tool_capsules(
+    capsules: CapsulesConfig, root: Path, *, egress_port: int | None = None
+) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
     subprocess capsules (under ``[capsules] python``, if set; confined to the project's
-    guard), plus a Wasm capsule for the files it names."""
+    guard), plus a Wasm capsule for the files it names. ``egress_port``: the egress
+    proxy's port, for a ``network`` that names hosts (the capsules may connect to it)."""
+    network: Literal["none", "all"] | list[int] = (
+        capsules.network if isinstance(capsules.network, str) else capsules.network_ports()
+    )
+    if egress_port is not None and capsules.network_hosts():
+        network = [*capsules.network_ports(), egress_port]
     native = subprocess_capsules(
         capsules.interpreter(root),
         root,
         _caches(),
         zygote=capsules.zygote,
-        network=capsules.network,
+        network=network,
     )
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(

@@ -8,6 +8,7 @@ the audit read them too, so they live below both: a capsule never imports the po
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal, cast
@@ -247,6 +248,36 @@ def _data_installed() -> bool:
         return False
 
 
+_HOST_PORT = re.compile(
+    r"(?=.{1,253}:)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?:(\d{1,5})"
+)
+
+
+def _network(value: object) -> object:
+    """``[capsules] network`` checked whole, so a mistake gets a message about it."""
+    if type(value) is str:
+        if value not in ("none", "all"):
+            raise ValueError(f'{value!r}: say "none", "all", or list ports and "host:port"s')
+        return value
+    if not isinstance(value, list):
+        raise ValueError('say "none", "all", or list ports and "host:port"s')
+    entries = cast("list[object]", value)
+    for entry in entries:
+        if type(entry) is int:
+            if not 0 < entry < 65536:
+                raise ValueError(f"{entry} is not a port (1 to 65535)")
+            continue
+        found = _HOST_PORT.fullmatch(entry) if type(entry) is str else None
+        if found is None or not 0 < int(found.group(1)) < 65536:
+            raise ValueError(
+                f"{entry!r} is neither a port nor a host and port: name a host as "
+                '"api.example.com:443" (a DNS name or an IPv4 address, then a port from 1 '
+                "to 65535)"
+            )
+    return entries
+
+
 class CapsulesConfig(_Model):
     """``[capsules]``: where tool files load and where agent code runs."""
 
@@ -262,11 +293,14 @@ class CapsulesConfig(_Model):
     environment's ``.venv/bin/python``, relative to the project), so tools import what is
     installed there; by default, the host's own. It must be CPython 3.11 or later with
     ``msgpack`` installed: the host checks that when it starts."""
-    network: Literal["none", "all"] | list[Annotated[int, Field(gt=0, lt=65536)]] = "none"
-    """What TCP the subprocess tool capsules may use: ``"none"`` (the default: no
-    connection and no listening socket, loopback included, where Landlock has ABI 4,
-    Linux 6.7), a list of ports they may connect to (on any host: Landlock filters ports,
-    not addresses), or ``"all"``. Wasm capsules have no network whatever this says."""
+    network: Annotated[Literal["none", "all"] | list[int | str], BeforeValidator(_network)] = "none"
+    """What network the subprocess tool capsules may use: ``"none"`` (the default: none at
+    all, in a network namespace of their own, and no TCP where Landlock has ABI 4, Linux
+    6.7), a list of what they may connect to, or ``"all"``. An entry is a port (``5432``:
+    on any host, since Landlock filters ports, not addresses) or a host and port
+    (``"api.example.com:443"``: reached only through the host's egress proxy, whose
+    address the capsules get as ``HTTPS_PROXY``; any other host is refused there). Wasm
+    capsules have no network whatever this says."""
     zygote: bool = True
     """Fork each subprocess tool capsule from a process that has imported the capsule
     runtime already (the host's keeper), so a new session's capsule shares it and costs a
@@ -294,6 +328,23 @@ class CapsulesConfig(_Model):
                 "code_runtime"
             )
         return self
+
+    def network_ports(self) -> list[int]:
+        """The ports ``network`` lets tools connect to directly, on any host."""
+        if isinstance(self.network, str):
+            return []
+        return [entry for entry in self.network if isinstance(entry, int)]
+
+    def network_hosts(self) -> list[tuple[str, int]]:
+        """The ``(host, port)`` pairs ``network`` names, for the egress proxy."""
+        if isinstance(self.network, str):
+            return []
+        found: list[tuple[str, int]] = []
+        for entry in self.network:
+            if isinstance(entry, str):
+                name, _, port = entry.rpartition(":")
+                found.append((name.lower().rstrip("."), int(port)))
+        return found
 
     def interpreter(self, root: Path) -> Path | None:
         """``python`` as a path: relative to the project folder ``root``; links are kept

@@ -13,7 +13,9 @@ import socket
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from capsule import _landlock
@@ -57,6 +59,30 @@ TOOLS = {
             import os
 
             return os.readlink("/proc/self/ns/net")
+
+
+        def through_proxy(target: str, text: str) -> str:
+            # What an HTTP client does with HTTPS_PROXY: CONNECT, then talk in the tunnel.
+            import os
+            from urllib.parse import urlsplit
+
+            proxy = urlsplit(os.environ["HTTPS_PROXY"])
+            try:
+                with socket.create_connection((proxy.hostname, proxy.port), timeout=5) as s:
+                    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                    head = b""
+                    while b"\\r\\n\\r\\n" not in head:
+                        got = s.recv(4096)
+                        if not got:
+                            break
+                        head += got
+                    status = head.split(b"\\r\\n", 1)[0].decode()
+                    if " 200 " not in status:
+                        return status
+                    s.sendall(text.encode())
+                    return s.recv(100).decode()
+            except OSError as exc:
+                return errno.errorcode.get(exc.errno or 0, str(exc))
     """
 }
 
@@ -186,6 +212,83 @@ def test_without_landlocks_tcp_rules_a_namespace_is_required(tmp_path: Path) -> 
     )
     assert done.stdout.startswith("refused:"), done.stdout + done.stderr
     assert "unshare: EPERM" in done.stdout and 'network = "all"' in done.stdout
+
+
+@pytest.fixture
+def echo_server() -> Iterator[int]:
+    """A loopback TCP port that answers what it gets, upper-cased (a named host's API)."""
+    import threading
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listening.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(100)
+                conn.sendall(data.upper())
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield port
+    listening.close()
+
+
+async def test_named_hosts_are_reached_through_the_egress_proxy_only(
+    make_project: Callable[..., Path], echo_server: int, udp: socket.socket, server: int
+) -> None:
+    """``network = ["localhost:PORT"]``: the tool reaches that host and port through the
+    host's proxy (``HTTPS_PROXY``); another name, another port, a plain HTTP request and
+    a direct connection to the very same port are refused, and every tunnel and refusal
+    is an event."""
+    del server  # only its skip: Landlock's TCP rules are what keep the proxy unbypassed
+    project = make_project(TOOLS, policy(f'["localhost:{echo_server}"]'))
+    async with Host.open(project) as host:
+        seen: list[Any] = []
+        host.on("egress_tunnel", seen.append)
+        host.on("egress_refused", seen.append)
+        assert host.egress is not None
+        target = f"localhost:{echo_server}"
+        assert await host.call("through_proxy", target, "hello") == "HELLO"
+        assert await host.call("through_proxy", f"LocalHost.:{echo_server}", "x") == "X"
+        refused = await host.call("through_proxy", f"127.0.0.1:{echo_server}", "x")
+        assert refused.startswith("HTTP/1.1 403"), refused  # not the name the policy gives
+        other = await host.call("through_proxy", f"localhost:{echo_server + 1}", "x")
+        assert other.startswith("HTTP/1.1 403"), other
+        # Around the proxy: Landlock allows the proxy's port, not the named one.
+        assert await host.call("connect", "127.0.0.1", echo_server) == "EACCES"
+        assert await host.call("connect", "localhost", echo_server) == "EACCES"
+        assert await host.call("connect", "127.0.0.1", host.egress.port) == "connected"
+        async with await anyio.connect_tcp("127.0.0.1", host.egress.port) as plain:
+            await plain.send(b"GET http://localhost/ HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await plain.receive()).startswith(b"HTTP/1.1 405")
+    kinds = [(e.kind, e.data["target"]) for e in seen]
+    assert kinds[:2] == [("egress_tunnel", target), ("egress_tunnel", f"localhost:{echo_server}")]
+    assert ("egress_refused", f"127.0.0.1:{echo_server}") in kinds
+    assert ("egress_refused", f"localhost:{echo_server + 1}") in kinds
+
+
+def test_network_entries_are_checked(tmp_path: Path) -> None:
+    from host import PolicyFileError, load_policy
+
+    path = tmp_path / "policy.toml"
+    for bad, said in [
+        ('["a b:1"]', "neither a port nor a host and port"),
+        ('["api.example.com"]', "neither a port nor a host and port"),
+        ('["api.example.com:0"]', "neither a port nor a host and port"),
+        ("[true]", "neither a port nor a host and port"),
+        ('"some"', 'say "none", "all"'),
+    ]:
+        path.write_text(policy(bad))
+        with pytest.raises(PolicyFileError, match=said):
+            load_policy([path])
+    path.write_text(policy('[5432, "API.example.com.:443"]'))
+    capsules = load_policy([path]).capsules
+    assert capsules.network_ports() == [5432]
+    assert capsules.network_hosts() == [("api.example.com", 443)]
 
 
 def test_a_port_out_of_range_is_a_policy_error(tmp_path: Path) -> None:
