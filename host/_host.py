@@ -40,6 +40,7 @@ from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
     LOST,
     CodeCheck,
+    CodeDiagnostic,
     CodeError,
     CodeResult,
     CodeSandbox,
@@ -219,6 +220,21 @@ def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResu
     return result.model_copy(update=update)
 
 
+def _merged(full: CodeCheck, quick: list[CodeDiagnostic]) -> CodeCheck:
+    """The full check's findings with the quick checks' (one of each line and kind: the
+    two point at different columns of the same mistake)."""
+    if full.status == "unavailable":
+        if not quick:
+            return full
+        return full.model_copy(update={"status": "errors", "diagnostics": quick, "level": "quick"})
+    places = {(d.line, d.kind) for d in full.diagnostics}
+    extra = [d for d in quick if (d.line, d.kind) not in places]
+    if not extra:
+        return full
+    diagnostics = sorted([*full.diagnostics, *extra], key=lambda d: (d.line, d.column))
+    return full.model_copy(update={"status": "errors", "diagnostics": diagnostics})
+
+
 class Session:
     """One agent conversation: its own tool capsule and its own module state."""
 
@@ -379,28 +395,34 @@ class Session:
                 )
             )
 
-        if mode == "refuse":
+        quick = (
+            self._host.checker.quick(source, known=known, modules=modules) if mode != "off" else []
+        )
+        if mode == "refuse":  # the full check, so a refusal says all that is wrong
             self.code.warm()  # a sandbox boots while the code is checked
             await check(mode)
+            checked[0] = _merged(checked[0], quick)
             if checked[0].status != "clean":
                 return CodeResult(
                     ok=False, error=refusal(checked[0]), check=checked[0], sandbox=self.code.kind
                 )
             result = await self.code.run(source, options)
         elif mode == "warn":
-            # The code runs whatever the check finds: both at once, and the result
-            # waits for the check (time-boxed by code_check_timeout) to carry it.
-            finished = anyio.Event()
-
-            async def check_aside() -> None:
-                try:
-                    await check("warn")
-                finally:
-                    finished.set()
-
-            self._host._tg.start_soon(check_aside)  # pyright: ignore[reportPrivateUsage]
+            # The quick checks ride along with every run; the full type check is paid
+            # for only where it helps: when the run failed, to explain why.
             result = await self.code.run(source, options)
-            await finished.wait()  # bounded: the check gives up at code_check_timeout
+            if result.ok:
+                checked.append(
+                    CodeCheck(
+                        mode=mode,
+                        status="errors" if quick else "clean",
+                        diagnostics=quick,
+                        level="quick",
+                    )
+                )
+            else:
+                await check(mode)
+                checked[0] = _merged(checked[0], quick)
         else:
             result = await self.code.run(source, options)
         if any(w.startswith(LOST) for w in result.warnings) or (
@@ -510,6 +532,7 @@ class Host:
             task_group=task_group,
             timeout=config.limits.code_check_timeout,
             memory=config.limits.code_check_memory,
+            tools=discovery.tools.values(),
         )
         """Checks agent code against the declarations before it runs (one pyright
         language server, started on the first check)."""
@@ -956,7 +979,7 @@ class Host:
         self.discovery = discovery
         self.scope = scope
         self.mediator.retool(discovery, scope)
-        self.checker.retool(scope)
+        self.checker.retool(scope, discovery.tools.values())
         files = [f.module for f in discovery.files if not f.private]
         sessions = list(self._sessions)
         for session in sessions:

@@ -158,8 +158,11 @@ async def test_a_slow_or_dead_checker_never_blocks_warn(
     del wasm_prepared
     root = make_project(tools=TOOLS, policy=policy("warn", timeout="1ms"))
     async with Host.open(root) as host:
-        slow = await host.run_code("await add(1, 2)")
-        assert slow.ok and slow.value == 3
+        # A run that fails pays for the full check (to explain it): here it times out,
+        # and the run's own result comes back as it is.
+        slow = await host.run_code("n = await add(1, 2)\n1 / 0")
+        assert not slow.ok and slow.error is not None and "ZeroDivisionError" in slow.error.type
+        assert [c.ok for c in slow.calls] == [True]
         assert slow.check is not None and slow.check.status == "unavailable"
         assert slow.check.note is not None and "code_check_timeout" in slow.check.note
         # Under refuse the same checker refuses: unchecked code does not run.
@@ -171,7 +174,7 @@ async def test_a_slow_or_dead_checker_never_blocks_warn(
 @pytest.mark.anyio
 async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
     async with Host.open(proj) as host:
-        first = await host.run_code("add(1, 2)")
+        first = await host.run_code("add(1, 2)", check="refuse")  # the full check
         assert kinds(first) == [(1, 1, "not_awaited")]
         server = host.checker._servers["shared"]  # pyright: ignore[reportPrivateUsage]
         assert server is not None
@@ -189,7 +192,7 @@ async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
             assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
         server.process.kill()
         await server.gone.wait()
-        again = await host.run_code("add(1, 2)")
+        again = await host.run_code("add(1, 2)", check="refuse")
         assert kinds(again) == [(1, 1, "not_awaited")]
         assert host.checker.starts == 2
 
@@ -247,10 +250,7 @@ def test_exec_shows_the_check_and_takes_every_option(proj: Path) -> None:
     warned = toolhost("exec", "-c", "add(1, 2)\n'ran'", cwd=proj)
     assert warned.returncode == 0, warned.stderr
     assert warned.stdout == "ran\n"
-    assert (
-        "toolhost: check: line 1, column 1: Result of async function call is not used"
-        in warned.stderr
-    )
+    assert 'toolhost: check: line 1, column 1: the call to "add" is never awaited' in warned.stderr
     refused = toolhost("exec", "--check", "refuse", "--json", "-c", "add(1, 2)\n'ran'", cwd=proj)
     assert refused.returncode == 1
     data = json.loads(refused.stdout)
@@ -323,7 +323,7 @@ async def test_mcp_run_code_takes_the_options_and_shows_the_check(proj: Path) ->
         assert warned.structured_content is not None
         assert warned.structured_content["value"] == "ran"
         text = warned.content[0].text  # type: ignore[union-attr]
-        assert "check: line 1, column 1: Result of async function call" in text
+        assert 'check: line 1, column 1: the call to "add" is never awaited' in text
         options = {
             "code": "def main(a):\n    return a + bump",
             "globals": {"bump": 1},
@@ -382,10 +382,12 @@ async def test_the_checker_reads_no_file_outside_its_folder(
         monkeypatch.setattr(_checker, "_HOST_PARENT", str(beside))
         async with Host.open(proj) as host:
             relative = await host.run_code(
-                f"from ..{beside.name}.webhooks import SIGNING\nx: int = SIGNING"
+                f"from ..{beside.name}.webhooks import SIGNING\nx: int = SIGNING", check="refuse"
             )
-            absolute = await host.run_code("from webhooks import SIGNING\nx: int = SIGNING")
-            stdlib = await host.run_code("import json\nx: int = json.dumps(1)")
+            absolute = await host.run_code(
+                "from webhooks import SIGNING\nx: int = SIGNING", check="refuse"
+            )
+            stdlib = await host.run_code("import json\nx: int = json.dumps(1)", check="refuse")
     finally:
         shutil.rmtree(beside, ignore_errors=True)
     for result in (relative, absolute):

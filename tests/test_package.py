@@ -220,11 +220,12 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed: Installed) -> 
 
     code = installed.project / "run.py"
     code.write_text('await add("ada@example.com")\nprint(await find("ada"))\n', encoding="utf-8")
-    ran = installed.run("exec", str(code), "--json")
+    ran = installed.run("exec", str(code), "--json", "--check", "refuse")
     out = json.loads(ran.stdout)
     assert out["ok"] is True, ran.stdout + ran.stderr
     assert out["stdout"] == "[{'id': 1, 'text': '<email>'}]\n"  # the project's hook ran
-    assert out["check"]["status"] == "clean"  # the checker (pyright) ships and runs
+    # the checker (pyright) ships and runs: refuse pays for the full check
+    assert (out["check"]["status"], out["check"]["level"]) == ("clean", "full")
     lint = installed.run("policy", "lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
 

@@ -102,6 +102,10 @@ class CodeCheck(_Model):
     code ran unchecked under ``warn`` and did not run under ``refuse``."""
     diagnostics: list[CodeDiagnostic] = Field(default_factory=list[CodeDiagnostic])
     note: str | None = None
+    level: Literal["quick", "full"] = "full"
+    """``quick``: only the quick checks ran (a run under ``warn`` that succeeded: the full
+    type check is paid for where it helps, when a run fails or under ``refuse``);
+    ``full``: pyright checked it too."""
 
 
 class CodeResult(_Model):

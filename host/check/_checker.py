@@ -43,9 +43,10 @@ import anyio
 import anyio.abc
 
 from host.capsules import CodeCheck, CodeDiagnostic, CodeError
-from host.declare import Scope
+from host.declare import Scope, ToolSpec
 
 from ._langserver import LangServer, ServerGone, server_command
+from ._quick import Signature, quick_check, signatures, stub_names
 
 __all__ = ["CodeChecker", "bound_names", "check_lines", "refusal"]
 
@@ -175,8 +176,12 @@ class CodeChecker:
         task_group: anyio.abc.TaskGroup,
         timeout: float,
         memory: int | None = None,
+        tools: Iterable[ToolSpec] = (),
     ) -> None:
         self._scope = scope
+        self._signatures: dict[str, Signature] = signatures(tools)
+        self._stub: frozenset[str] | None = None
+        """The stub's top-level names, read when first needed."""
         self._tg = task_group
         self.timeout = timeout
         self.memory = memory
@@ -197,13 +202,23 @@ class CodeChecker:
         """Whether the server runs without network (its own network namespace)."""
         self._closed = False
 
-    def retool(self, scope: Scope) -> None:
+    def retool(self, scope: Scope, tools: Iterable[ToolSpec] = ()) -> None:
         """New declarations: the next check starts a server that reads them."""
         self._scope = scope
+        self._signatures = signatures(tools)
+        self._stub = None
         for lane in self._servers:
             server, self._servers[lane] = self._servers[lane], None
             if server is not None:
                 self._tg.start_soon(server.kill)
+
+    def quick(
+        self, source: str, *, known: Iterable[str] = (), modules: Iterable[str] = ()
+    ) -> list[CodeDiagnostic]:
+        """The quick checks (``_quick``): microseconds, no language server."""
+        if self._stub is None:
+            self._stub = frozenset(stub_names(self._scope.render_pyi()))
+        return quick_check(source, self._signatures, (*known, *modules), self._stub)
 
     def suspect(self, session: str) -> bool:
         """Whether ``session``'s checks run away from the shared server (one failed alone)."""
