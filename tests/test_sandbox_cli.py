@@ -74,7 +74,13 @@ def test_exec_json_shape(proj: Path) -> None:
         "calls": [{"tool": "add", "decision": "allow", "ok": True}],
         "error": None,
         "warnings": [],
-        "check": {"mode": "warn", "status": "clean", "diagnostics": [], "note": None},
+        "check": {
+            "mode": "warn",
+            "status": "clean",
+            "diagnostics": [],
+            "note": None,
+            "level": "quick",
+        },
     }
 
 
