@@ -87,9 +87,10 @@ def test_changes_and_reads_from_another_site_are_refused(guard: Guard, site: str
     sid, headers = _good(guard)
     with pytest.raises(Refused):
         guard.check_change(_request("POST", guard, sid, **{**headers, "sec-fetch-site": site}))
+    read = {"sec-fetch-site": site, "x-csrf-token": headers["x-csrf-token"]}  # key and all
     with pytest.raises(Refused) as info:  # the event stream and the audit
-        guard.check_read(_request("GET", guard, sid, **{"sec-fetch-site": site}))
-    assert info.value.status == 403
+        guard.check_read(_request("GET", guard, sid, **read))
+    assert info.value.status == 403 and "cross-site" in info.value.reason
 
 
 def test_a_read_needs_the_session(guard: Guard) -> None:
