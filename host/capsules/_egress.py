@@ -19,6 +19,7 @@ hosts through it.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import Final
 
@@ -28,6 +29,8 @@ import anyio.abc
 from host._events import EventBus
 
 __all__ = ["EgressProxy", "proxy_env"]
+
+logger = logging.getLogger(__name__)
 
 _MAX_HEAD: Final = 8192
 _HEAD_TIMEOUT: Final = 10.0
@@ -74,6 +77,14 @@ class EgressProxy:
             self.events.emit(kind, None, **data)
 
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        """One client connection; whatever it sends, it never ends the proxy (or the
+        host whose task group serves it)."""
+        try:
+            await self._serve_client(client)
+        except Exception:
+            logger.exception("the egress proxy failed a connection")
+
+    async def _serve_client(self, client: anyio.abc.SocketStream) -> None:
         async with client:
             try:
                 with anyio.fail_after(_HEAD_TIMEOUT):
@@ -87,7 +98,8 @@ class EgressProxy:
                 self._say("egress_refused", target=line[:200], reason="not CONNECT")
                 return
             host, _, port_text = parts[1].rpartition(":")
-            port = int(port_text) if port_text.isdigit() and len(port_text) <= 5 else -1
+            digits = port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+            port = int(port_text) if digits else -1
             name = host.lower().rstrip(".")
             if (name, port) not in self.allowed:
                 await _answer(

@@ -262,6 +262,15 @@ async def test_named_hosts_are_reached_through_the_egress_proxy_only(
         assert await host.call("connect", "127.0.0.1", echo_server) == "EACCES"
         assert await host.call("connect", "localhost", echo_server) == "EACCES"
         assert await host.call("connect", "127.0.0.1", host.egress.port) == "connected"
+        for odd in (  # odd requests get an answer, and the proxy goes on serving
+            "CONNECT localhost:\u00b2\u00b3 HTTP/1.1\r\n\r\n".encode("latin-1"),
+            b"CONNECT localhost HTTP/1.1\r\n\r\n",
+            b"\x00\xff garbage\r\n\r\n",
+        ):
+            async with await anyio.connect_tcp("127.0.0.1", host.egress.port) as odd_client:
+                await odd_client.send(odd)
+                assert (await odd_client.receive()).startswith((b"HTTP/1.1 403", b"HTTP/1.1 405"))
+        assert await host.call("through_proxy", target, "again") == "AGAIN"
         async with await anyio.connect_tcp("127.0.0.1", host.egress.port) as plain:
             await plain.send(b"GET http://localhost/ HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert (await plain.receive()).startswith(b"HTTP/1.1 405")
