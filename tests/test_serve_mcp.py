@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from host import ApprovalRequest, Host
 from host.serve import APPROVAL_SCHEMA, RUN_CODE, McpServer
+from host.serve._tools import lean
 
 from .mcp_helpers import Recorder, connect, error_of, make_mcp_project, served, wait_for
 
@@ -51,10 +52,18 @@ async def test_tools_are_the_declarations(project: Path) -> None:
         for decl in host.scope.tools:
             tool = tools[decl.name]
             assert tool.description == decl.docstring
-            assert tool.input_schema == schemas[decl.name]["input"]
+            # The declared schema, lean: what only repeats the tool's name, its
+            # description or the dialect (MCP's default) is left out of every agent's context.
+            declared = schemas[decl.name]["input"]
+            assert tool.input_schema == {
+                k: v for k, v in declared.items() if k not in ("$schema", "title", "description")
+            }
+            assert decl.docstring is not None
+            assert declared["description"] in decl.docstring and declared["title"] == decl.name
         # A TypedDict result is described as it is (its root is an object) ...
         note = schemas["note"]["output"]
-        assert tools["note"].output_schema == {**note, "type": "object"}
+        assert tools["note"].output_schema == lean({**note, "type": "object"})
+        assert "$schema" not in json.dumps(tools["note"].output_schema)
         # ... anything else is wrapped as {"result": value}.
         add = tools["add"].output_schema
         assert add is not None and add["properties"] == {"result": {"type": "integer"}}

@@ -297,6 +297,28 @@ def portable(schema: Any) -> Any:
     return out
 
 
+def lean(schema: Any, description: str = "") -> Any:
+    """``schema`` without what no client needs, which every agent's context pays for:
+    ``$schema`` (MCP's default is 2020-12, the dialect these are), the root's ``title``
+    (the tool's name), a root ``description`` the tool's description already holds, and
+    each ``$defs`` entry's ``title`` that only repeats its key. Returns a new schema."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in cast("dict[str, Any]", schema).items() if k not in ("$schema", "title")}
+    said = out.get("description")
+    if isinstance(said, str) and said.strip() and said.strip() in description:
+        del out["description"]
+    defs = out.get("$defs")
+    if isinstance(defs, dict):
+        lean_defs: dict[str, Any] = {}
+        for key, value in cast("dict[str, Any]", defs).items():
+            if isinstance(value, dict) and cast("dict[str, Any]", value).get("title") == key:
+                value = {k: v for k, v in cast("dict[str, Any]", value).items() if k != "title"}
+            lean_defs[key] = value
+        out["$defs"] = lean_defs
+    return out
+
+
 def _output_schema(schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
     """The MCP output schema (root: an object) and whether the result is wrapped."""
     if schema is None:
@@ -336,11 +358,12 @@ def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "saf
             )
         schema = schemas[decl.name]
         output, wrapped = _output_schema(schema["output"])
+        description = decl.docstring or decl.summary or f"The tool {decl.name}."
         tool = types.Tool(
             name=name,
-            description=decl.docstring or decl.summary or f"The tool {decl.name}.",
-            input_schema=portable(schema["input"]),
-            output_schema=portable(output),
+            description=description,
+            input_schema=lean(portable(schema["input"]), description),
+            output_schema=lean(portable(output), description) if output is not None else None,
         )
         tools.append(tool)
         entries[name] = ToolEntry(
