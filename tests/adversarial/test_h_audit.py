@@ -31,6 +31,7 @@ import pytest
 
 from capsule.protocol import encode
 from host import Approval, Grant, Host, NotApproved, PolicyDenied, SQLiteStore
+from host.audit import PendingApproval
 
 from ._bank import Bank, kinds
 from ._bank import bank as bank  # the fixture
@@ -48,6 +49,15 @@ async def _digest(host: Host) -> str:
     decision = host.policy.current().decide("transfer", {"to": "x", "amount": 1}, "app")
     assert decision.rule == "pay" and decision.rule_digest is not None
     return decision.rule_digest
+
+
+async def _offered(store: SQLiteStore) -> PendingApproval:
+    """The one pending request, once its host offers it to the inbox (polled)."""
+    with anyio.fail_after(10):
+        while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
+            await anyio.sleep(0.01)
+    (request,) = await store.pending()
+    return request
 
 
 def _tampered(host: Host, what: str) -> list[str]:
@@ -192,10 +202,7 @@ async def test_an_answer_the_host_did_not_sign_approves_nothing(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call, "mallory")
-            with anyio.fail_after(10):
-                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
-                    await anyio.sleep(0.01)
-            (request,) = await store.pending()
+            request = await _offered(store)
             if how == "written":
                 b.sql(
                     "UPDATE pending SET answer_allow = 1, answer_remember = 'once', "
@@ -253,10 +260,7 @@ async def test_a_request_whose_view_was_changed_is_never_shown_nor_approved(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            with anyio.fail_after(10):
-                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
-                    await anyio.sleep(0.01)
-            (request,) = await store.pending()
+            request = await _offered(store)
             b.sql(change, request.id)
             assert await store.pending() == []  # the inbox lists nothing to approve
             answered = await store.answer_pending(request.id, PendingAnswer(True))
@@ -283,10 +287,7 @@ async def test_an_answer_given_through_the_store_still_approves(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            with anyio.fail_after(10):
-                while not [p for p in await store.pending() if p.offered]:  # noqa: ASYNC110 - polling test state
-                    await anyio.sleep(0.01)
-            (request,) = await store.pending()
+            request = await _offered(store)
             answered = await store.answer_pending(request.id, PendingAnswer(True))
             assert answered.status == "answered"
         assert _tampered(host, "answer") == []
