@@ -40,7 +40,6 @@ from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
     LOST,
     CodeCheck,
-    CodeDiagnostic,
     CodeError,
     CodeResult,
     CodeSandbox,
@@ -55,7 +54,7 @@ from .capsules import (
     read_options,
     tool_capsules,
 )
-from .check import CodeChecker, bound_names, refusal
+from .check import CodeChecker, bound_names, merged, refusal
 from .declare import (
     Discovery,
     Project,
@@ -218,21 +217,6 @@ def _redacted(result: CodeResult, redactor: Redactor, results: bool) -> CodeResu
         update["stdout"] = redactor.text(result.stdout)
         update["warnings"] = [redactor.text(w) for w in result.warnings]
     return result.model_copy(update=update)
-
-
-def _merged(full: CodeCheck, quick: list[CodeDiagnostic]) -> CodeCheck:
-    """The full check's findings with the quick checks' (one of each line and kind: the
-    two point at different columns of the same mistake)."""
-    if full.status == "unavailable":
-        if not quick:
-            return full
-        return full.model_copy(update={"status": "errors", "diagnostics": quick, "level": "quick"})
-    places = {(d.line, d.kind) for d in full.diagnostics}
-    extra = [d for d in quick if (d.line, d.kind) not in places]
-    if not extra:
-        return full
-    diagnostics = sorted([*full.diagnostics, *extra], key=lambda d: (d.line, d.column))
-    return full.model_copy(update={"status": "errors", "diagnostics": diagnostics})
 
 
 class Session:
@@ -401,7 +385,7 @@ class Session:
         if mode == "refuse":  # the full check, so a refusal says all that is wrong
             self.code.warm()  # a sandbox boots while the code is checked
             await check(mode)
-            checked[0] = _merged(checked[0], quick)
+            checked[0] = merged(checked[0], quick)
             if checked[0].status != "clean":
                 return CodeResult(
                     ok=False, error=refusal(checked[0]), check=checked[0], sandbox=self.code.kind
@@ -422,7 +406,7 @@ class Session:
                 )
             else:
                 await check(mode)
-                checked[0] = _merged(checked[0], quick)
+                checked[0] = merged(checked[0], quick)
         else:
             result = await self.code.run(source, options)
         if any(w.startswith(LOST) for w in result.warnings) or (

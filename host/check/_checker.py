@@ -48,7 +48,7 @@ from host.declare import Scope, ToolSpec
 from ._langserver import LangServer, ServerGone, server_command
 from ._quick import Signature, quick_check, signatures, stub_names
 
-__all__ = ["CodeChecker", "bound_names", "check_lines", "refusal"]
+__all__ = ["CodeChecker", "bound_names", "check_lines", "merged", "refusal"]
 
 _HOST_PARENT = str(Path(__file__).resolve().parents[2])
 """Where ``host`` is importable from: the stub imports the error classes of ``host.errors``."""
@@ -402,6 +402,21 @@ def _write(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.new")
     temporary.write_text(text, encoding="utf-8")
     os.replace(temporary, path)
+
+
+def merged(full: CodeCheck, quick: list[CodeDiagnostic]) -> CodeCheck:
+    """The full check's findings with the quick checks' (one of each line and kind: the
+    two point at different columns of the same mistake)."""
+    if full.status == "unavailable":
+        if not quick:
+            return full
+        return full.model_copy(update={"status": "errors", "diagnostics": quick, "level": "quick"})
+    places = {(d.line, d.kind) for d in full.diagnostics}
+    extra = [d for d in quick if (d.line, d.kind) not in places]
+    if not extra:
+        return full
+    diagnostics = sorted([*full.diagnostics, *extra], key=lambda d: (d.line, d.column))
+    return full.model_copy(update={"status": "errors", "diagnostics": diagnostics})
 
 
 def _relative_imports(source: str) -> list[CodeDiagnostic]:

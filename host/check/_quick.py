@@ -114,8 +114,9 @@ def quick_check(
     bound = _bound(tree)
     found: list[CodeDiagnostic] = []
     tool_names = {name for name in tools if "." not in name and name not in bound}
-    _unawaited(tree, tools, tool_names, found)
-    _calls(tree, tools, tool_names, found)
+    calls = _tool_calls(tree, tools, tool_names)
+    _unawaited(tree, calls, found)
+    _calls(calls, found)
     if not _dynamic(tree):
         allowed = bound | _BUILTINS | set(known) | set(stub) | tool_names | {"tools"}
         _unknown(tree, allowed, found)
@@ -190,21 +191,29 @@ def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
     return parents
 
 
+def _tool_calls(
+    tree: ast.Module, tools: Mapping[str, Signature], tool_names: set[str]
+) -> list[tuple[ast.Call, str, Signature]]:
+    """Every call of a tool in the run: the call, the name it is called by, its signature."""
+    calls: list[tuple[ast.Call, str, Signature]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _call_name(node.func, tool_names)
+            signature = tools.get(name) if name is not None else None
+            if name is not None and signature is not None:
+                calls.append((node, name, signature))
+    return calls
+
+
 def _unawaited(
     tree: ast.Module,
-    tools: Mapping[str, Signature],
-    tool_names: set[str],
+    calls: list[tuple[ast.Call, str, Signature]],
     found: list[CodeDiagnostic],
 ) -> None:
     parents = _parents(tree)
-    pending: dict[str, ast.Call] = {}
-    """A name bound to a tool call's coroutine, at module level -> that call."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _call_name(node.func, tool_names)
-        if name is None or name not in tools:
-            continue
+    pending: dict[str, tuple[ast.Call, str]] = {}
+    """A name bound to a tool call's coroutine, at module level -> that call and tool."""
+    for node, name, _ in calls:
         parent = parents.get(node)
         if isinstance(parent, ast.Expr):
             found.append(_not_awaited(node, name))
@@ -214,10 +223,9 @@ def _unawaited(
             and len(parent.targets) == 1
             and isinstance(parent.targets[0], ast.Name)
         ):
-            pending[parent.targets[0].id] = node
-    for variable, call in pending.items():
+            pending[parent.targets[0].id] = (node, name)
+    for variable, (call, name) in pending.items():
         if _misused(tree, parents, variable, call):
-            name = _call_name(call.func, tool_names) or variable
             found.append(
                 CodeDiagnostic(
                     line=call.lineno,
@@ -271,19 +279,8 @@ def _not_awaited(call: ast.Call, name: str) -> CodeDiagnostic:
     )
 
 
-def _calls(
-    tree: ast.Module,
-    tools: Mapping[str, Signature],
-    tool_names: set[str],
-    found: list[CodeDiagnostic],
-) -> None:
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _call_name(node.func, tool_names)
-        signature = tools.get(name) if name is not None else None
-        if name is None or signature is None:
-            continue
+def _calls(calls: list[tuple[ast.Call, str, Signature]], found: list[CodeDiagnostic]) -> None:
+    for node, name, signature in calls:
         if any(isinstance(a, ast.Starred) for a in node.args) or any(
             k.arg is None for k in node.keywords
         ):
