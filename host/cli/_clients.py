@@ -26,10 +26,9 @@ __all__ = ["CLIENTS_COMMANDS"]
 
 
 def _tokens(args: argparse.Namespace) -> ClientTokens:
-    from host.serve import CLIENTS_FILE, ClientTokens  # mcp is imported only here
+    from host.serve import ClientTokens  # mcp is imported only here
 
-    project = resolve_project(project_dir(args))
-    return ClientTokens(project.state_dir / CLIENTS_FILE)
+    return ClientTokens.of(resolve_project(project_dir(args)))
 
 
 def _when(seconds: float | None) -> str | None:

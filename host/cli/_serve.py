@@ -117,10 +117,10 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def _client_count(project: Path) -> int:
     """How many clients may authenticate; none: a usage error that says what to do."""
-    from host.serve import CLIENTS_FILE, ClientTokens
+    from host.serve import ClientTokens
 
     now = time.time()
-    tokens = ClientTokens(resolve_project(project).state_dir / CLIENTS_FILE)
+    tokens = ClientTokens.of(resolve_project(project))
     count = sum(1 for c in tokens.clients() if not c.expired(now))
     if not count:
         raise UsageError(

@@ -36,6 +36,7 @@ from mcp.server.auth.provider import AccessToken
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from host._events import EventBus
+from host.declare import Project
 from host.errors import HostError
 
 __all__ = [
@@ -102,6 +103,11 @@ class ClientTokens:
         self._seen: tuple[int, ...] | None = None
         self._by_digest: dict[str, Client] = {}
         self._error: str | None = None
+
+    @classmethod
+    def of(cls, project: Project, events: EventBus | None = None) -> ClientTokens:
+        """The client tokens of ``project`` (its ``.agent/clients.json``)."""
+        return cls(project.state_dir / CLIENTS_FILE, events)
 
     # -- reading ------------------------------------------------------------------------
 

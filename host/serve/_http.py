@@ -46,7 +46,7 @@ from host._host import Host
 from host.errors import HostError
 from host.policy import Approver
 
-from ._auth import CLIENTS_FILE, SCOPE, ClientTokens, RefusalNotes, client_of
+from ._auth import SCOPE, ClientTokens, RefusalNotes, client_of
 from ._inbox import Inbox
 from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
@@ -435,7 +435,7 @@ class ServeApp:
                 max_sessions=self._max_sessions,
             )
             if self.auth == "tokens":
-                self.clients = ClientTokens(host.project.state_dir / CLIENTS_FILE, host.events)
+                self.clients = ClientTokens.of(host.project, host.events)
                 self._verifier.current = self.clients
             if self._notes is not None:
                 self._notes.events = host.events
