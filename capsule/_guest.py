@@ -360,7 +360,8 @@ class Namespace:
 
 
 def _tool_globals(tools: list[Any]) -> dict[str, Any]:
-    """``tools.FILE.EXPORT[.MEMBER]``, plus a global for every installed export."""
+    """``tools.FILE.EXPORT[.MEMBER]``, a global for every installed export, and
+    ``toolhost.search`` and ``toolhost.declaration``."""
     functions: dict[str, dict[str, Any]] = {}
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     installed: set[str] = set()
@@ -379,6 +380,12 @@ def _tool_globals(tools: list[Any]) -> dict[str, Any]:
         tree[file] = Namespace(f"tools.{file}", entries)
         scope.update((export, value) for export, value in entries.items() if export in installed)
     scope["tools"] = Namespace("tools", tree)
+    # The helpers that find and read declarations (``host.declare._catalog``): answered
+    # by the host from the declarations, never by a tool.
+    scope["toolhost"] = Namespace(
+        "toolhost",
+        {"search": Tool("toolhost.search"), "declaration": Tool("toolhost.declaration")},
+    )
     return scope
 
 

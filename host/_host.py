@@ -61,6 +61,7 @@ from .declare import (
     Scope,
     ToolSpec,
     discover,
+    helper_call,
     load_or_build_scope,
     resolve_project,
 )
@@ -252,6 +253,7 @@ class Session:
             events=host.events,
             session=session_id,
             task_group=host._tg,  # pyright: ignore[reportPrivateUsage]
+            helper=lambda name, args, kwargs: helper_call(host.scope.catalog, name, args, kwargs),
         )
         """The session's code sandbox, started by the first ``run_code``."""
         self._busy = 0

@@ -17,6 +17,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from host import ApprovalRequest, Host
+from host.declare import prose
 from host.serve import APPROVAL_SCHEMA, RUN_CODE, McpServer
 from host.serve._tools import lean
 
@@ -51,12 +52,16 @@ async def test_tools_are_the_declarations(project: Path) -> None:
         schemas = host.scope.schemas()
         for decl in host.scope.tools:
             tool = tools[decl.name]
-            assert tool.description == decl.docstring
+            # The docstring, less the sections the schemas hold (parameters, returns).
+            assert tool.description == prose(decl.docstring)
             # The declared schema, lean: what only repeats the tool's name, its
-            # description or the dialect (MCP's default) is left out of every agent's context.
+            # description or the dialect (MCP's default) is left out of every agent's
+            # context, and so is an empty list of required parameters.
             declared = schemas[decl.name]["input"]
             assert tool.input_schema == {
-                k: v for k, v in declared.items() if k not in ("$schema", "title", "description")
+                k: v
+                for k, v in declared.items()
+                if k not in ("$schema", "title", "description") and v != []
             }
             assert decl.docstring is not None
             assert declared["description"] in decl.docstring and declared["title"] == decl.name

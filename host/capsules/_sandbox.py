@@ -49,8 +49,8 @@ import anyio.abc
 from capsule import protocol as p
 from capsule.context import Attachment, Result
 from host._events import Event, EventBus
-from host.declare import ToolSpec
-from host.errors import HostError, ToolUnavailable
+from host.declare import HELPERS, ToolSpec
+from host.errors import HostError, ToolUnavailable, UnknownTool
 from host.settings import CodeRuntime, Limits
 
 from . import _forkserver, _keeper, _wasm, _wasm_cache
@@ -76,6 +76,8 @@ __all__ = ["CodeSandbox"]
 logger = logging.getLogger("toolhost.sandbox")
 
 AgentCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
+Helper = Callable[[str, list[Any], dict[str, Any]], Any]
+"""Answers a call of one of code mode's helpers (``host.declare.HELPERS``) at once."""
 
 _CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
 _GUEST_MAIN = "from capsule._guest import main; main()"
@@ -184,12 +186,14 @@ class CodeSandbox:
         session: str,
         task_group: anyio.abc.TaskGroup,
         runtime: CodeRuntime = "default",
+        helper: Helper | None = None,
     ) -> None:
         self.kind: SandboxKind = kind
         self.runtime: CodeRuntime = runtime
         """The Wasm runtime of a ``wasm`` sandbox (``[capsules] code_runtime``)."""
         self._tools = tools
         self._call = call
+        self._helper = helper
         self._canonical = canonical
         self._limits = limits
         self._events = events
@@ -613,6 +617,9 @@ class CodeSandbox:
                     )
                     guest.kill("too many tool calls")
                     break
+                if tool in HELPERS:  # not a tool: answered from the declarations
+                    await self._answer_helper(guest, call_id, tool, args, kwargs)
+                    continue
                 slot = len(run.calls)
                 run.calls.append((tool, None, False, "cancelled"))
                 run.inflight += 1
@@ -754,6 +761,20 @@ class CodeSandbox:
         else:
             run.calls[slot] = (name, decision_of(failure, decided), False, failure.kind)
             reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(failure)}
+        with contextlib.suppress(Dead):
+            await guest.send(reply)
+
+    async def _answer_helper(
+        self, guest: Guest, call_id: int, tool: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """Answer ``toolhost.search`` or ``toolhost.declaration``: no policy (they read
+        only the declarations the model may be shown), not recorded as tool calls."""
+        try:
+            if self._helper is None:
+                raise UnknownTool(tool)
+            reply = {"k": p.K_OK, "id": call_id, "value": self._helper(tool, args, kwargs)}
+        except HostError as exc:
+            reply = {"k": p.K_ERR, "id": call_id, "error": _error_for_guest(exc)}
         with contextlib.suppress(Dead):
             await guest.send(reply)
 

@@ -43,7 +43,7 @@ import anyio
 import anyio.abc
 
 from host.capsules import CodeCheck, CodeDiagnostic, CodeError
-from host.declare import Scope, ToolSpec
+from host.declare import HELPERS_PYI, Scope, ToolSpec
 
 from ._langserver import LangServer, ServerGone, server_command
 from ._quick import Signature, quick_check, signatures, stub_names
@@ -217,7 +217,7 @@ class CodeChecker:
     ) -> list[CodeDiagnostic]:
         """The quick checks (``_quick``): microseconds, no language server."""
         if self._stub is None:
-            self._stub = frozenset(stub_names(self._scope.render_pyi()))
+            self._stub = frozenset(stub_names(_stub(self._scope)))
         return quick_check(source, self._signatures, (*known, *modules), self._stub)
 
     def suspect(self, session: str) -> bool:
@@ -237,7 +237,7 @@ class CodeChecker:
         root = self._root
         if root is None:
             root = self._root = Path(tempfile.mkdtemp(prefix="toolhost-check-"))
-        _write(root / "__builtins__.pyi", self._scope.render_pyi())
+        _write(root / "__builtins__.pyi", _stub(self._scope))
         lib = root / "lib"
         lib.mkdir(exist_ok=True)
         for package in ("host", "capsule"):
@@ -391,6 +391,11 @@ class CodeChecker:
                     await server.kill()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _stub(scope: Scope) -> str:
+    """What agent code sees as builtins: the declarations' stub and code mode's helpers."""
+    return scope.render_pyi() + HELPERS_PYI
 
 
 def _write(path: Path, text: str) -> None:

@@ -62,7 +62,9 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         async with (
             open_host(project, approver=approver) as host,
-            McpServer(host, reload=args.reload, names=args.names).running() as server,
+            McpServer(
+                host, reload=args.reload, names=args.names, expose=args.expose
+            ).running() as server,
         ):
             await server.serve_stdio()
         return 0
@@ -94,6 +96,7 @@ async def _serve(args: argparse.Namespace) -> int:
             reload=args.reload,
             allowed_hosts=allowed,
             names=args.names,
+            expose=args.expose,
             idle_timeout=args.idle_timeout or None,
             max_sessions=args.max_sessions or None,
             max_sessions_per_client=args.max_sessions_per_client or None,
@@ -199,6 +202,14 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         default="safe",
         help="the tools' MCP names: safe (kanban_add, what every model API accepts; the "
         "default) or dotted (kanban.add, the names code mode uses)",
+    )
+    parser.add_argument(
+        "--expose",
+        choices=["all", "tools", "code"],
+        default="all",
+        help="what clients see: all (every tool, and run_code; the default), tools (every "
+        "tool) or code (run_code, search_tools and read_declaration: a big project's "
+        "declarations are found and read on demand)",
     )
     parser.add_argument(
         "--backend",

@@ -12,7 +12,14 @@ the scope, the scope reads nobody. What other wings may use is listed below.
 
 from ._cache import cache_root as cache_root
 from ._cache import load_or_build_scope as load_or_build_scope
+from ._catalog import HELPERS as HELPERS
+from ._catalog import HELPERS_PYI as HELPERS_PYI
+from ._catalog import MAX_QUERY as MAX_QUERY
+from ._catalog import MAX_RESULTS as MAX_RESULTS
+from ._catalog import Catalog as Catalog
+from ._catalog import helper_call as helper_call
 from ._discovery import discover as discover
+from ._docstrings import prose as prose
 from ._project import Project as Project
 from ._project import default_project as default_project
 from ._project import resolve_project as resolve_project
@@ -29,6 +36,12 @@ from ._specs import ToolSpec as ToolSpec
 
 __all__ = [
     "cache_root",
+    "HELPERS",
+    "HELPERS_PYI",
+    "MAX_QUERY",
+    "MAX_RESULTS",
+    "Catalog",
+    "helper_call",
     "load_or_build_scope",
     "NO_DEFAULT",
     "POSITIONAL_ONLY",
@@ -39,6 +52,7 @@ __all__ = [
     "Param",
     "ToolSpec",
     "discover",
+    "prose",
     "Project",
     "default_project",
     "resolve_project",

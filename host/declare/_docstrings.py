@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["Docstring", "parse_docstring"]
+__all__ = ["Docstring", "parse_docstring", "prose"]
 
 _PARAM_SECTIONS: Final = frozenset(
     {
@@ -65,6 +65,9 @@ class Docstring:
     summary: str | None = None
     params: dict[str, str] = field(default_factory=dict[str, str])
     returns: str | None = None
+    prose: str | None = None
+    """The docstring without its parameter and return sections (which the schemas hold),
+    every other section (``Raises``, ``Example``, ...) kept where it was."""
 
 
 def _indent(line: str) -> int:
@@ -99,6 +102,7 @@ def parse_docstring(text: str | None) -> Docstring:
     summary_end = len(lines)
     params: dict[str, str] = {}
     returns: list[str] = []
+    dropped: set[int] = set()
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -128,15 +132,19 @@ def parse_docstring(text: str | None) -> Docstring:
                             params.setdefault(name.lstrip("*"), desc)
             elif header in _RETURN_SECTIONS:
                 returns.append(_join(body))
+            if header in _PARAM_SECTIONS or header in _RETURN_SECTIONS:
+                dropped.update(range(i, end))
             i = end
             continue
         match = _SPHINX.match(stripped)
         if match is not None:
             summary_end = min(summary_end, i)
             desc = [match.group(3)]
+            dropped.add(i)
             i += 1
             while i < len(lines) and lines[i].strip() and _indent(lines[i]) > _indent(line):
                 desc.append(lines[i])
+                dropped.add(i)
                 i += 1
             if match.group(1).startswith("return"):
                 returns.append(_join(desc))
@@ -146,4 +154,14 @@ def parse_docstring(text: str | None) -> Docstring:
             continue
         i += 1
     summary = "\n".join(lines[:summary_end]).strip() or None
-    return Docstring(summary, params, " ".join(r for r in returns if r) or None)
+    kept: list[str] = []
+    for n, line in enumerate(lines):
+        if n not in dropped and (line.strip() or (kept and kept[-1].strip())):
+            kept.append(line.rstrip())
+    prose = "\n".join(kept).strip() or None
+    return Docstring(summary, params, " ".join(r for r in returns if r) or None, prose)
+
+
+def prose(docstring: str | None) -> str | None:
+    """``docstring`` without the parameter and return sections the JSON Schemas hold."""
+    return parse_docstring(docstring).prose

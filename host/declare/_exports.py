@@ -24,6 +24,7 @@ __all__ = ["HOST_GLOBALS", "exports_of"]
 HOST_GLOBALS: Final = frozenset(
     {
         "tools",
+        "toolhost",  # code mode's helpers (search, declaration)
         "HostError",
         "CallError",
         "ToolError",

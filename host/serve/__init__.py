@@ -23,7 +23,10 @@ from ._inbox import inbox_app as inbox_app
 from ._server import APPROVAL_SCHEMA as APPROVAL_SCHEMA
 from ._server import McpServer as McpServer
 from ._standalone import serve_inbox as serve_inbox
+from ._tools import READ_DECLARATION as READ_DECLARATION
 from ._tools import RUN_CODE as RUN_CODE
+from ._tools import SEARCH_TOOLS as SEARCH_TOOLS
+from ._tools import Expose as Expose
 
 __all__ = [
     "CLIENTS_FILE",
@@ -38,4 +41,7 @@ __all__ = [
     "APPROVAL_SCHEMA",
     "McpServer",
     "RUN_CODE",
+    "SEARCH_TOOLS",
+    "READ_DECLARATION",
+    "Expose",
 ]

@@ -50,7 +50,7 @@ from ._auth import SCOPE, ClientTokens, RefusalNotes, client_of
 from ._inbox import Inbox
 from ._inbox_guard import Guard, Refused, SecurityHeaders
 from ._server import McpServer
-from ._tools import NameStyle
+from ._tools import Expose, NameStyle
 
 __all__ = [
     "ServeApp",
@@ -291,6 +291,9 @@ class ServeApp:
             tokens, none for a verifier's).
         names: the tools' MCP names: ``safe`` (``kanban_add``, what every model API
             accepts) or ``dotted`` (the canonical ``kanban.add``).
+        expose: what clients see: ``all`` (every tool, and ``run_code``), ``tools`` (every
+            tool) or ``code`` (``run_code``, ``search_tools`` and ``read_declaration``:
+            a big project's declarations read on demand).
         host_options: more keyword arguments for ``Host.open``.
     """
 
@@ -308,6 +311,7 @@ class ServeApp:
         max_sessions: int | None = MAX_SESSIONS,
         max_sessions_per_client: int | None = MAX_SESSIONS_PER_CLIENT,
         names: NameStyle = "safe",
+        expose: Expose = "all",
         auth: Auth = "tokens",
         resource_url: str | None = None,
         authorization_servers: Sequence[str] = (),
@@ -336,6 +340,7 @@ class ServeApp:
         self.clients: ClientTokens | None = None
         """The project's client tokens (``auth="tokens"``), while the lifespan runs."""
         self._names: NameStyle = names
+        self._expose: Expose = expose
         self._project = project
         self._given = host
         self._reload = reload
@@ -427,7 +432,9 @@ class ServeApp:
             raise HostError("this app is already running; make one ServeApp per server")
         async with (
             self._host() as host,
-            McpServer(host, reload=self._reload, names=self._names).running() as mcp,
+            McpServer(
+                host, reload=self._reload, names=self._names, expose=self._expose
+            ).running() as mcp,
         ):
             manager = mcp.session_manager(
                 allowed_hosts=self._allowed_hosts,

@@ -58,12 +58,14 @@ from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from host._display import escape_text
 from host._events import Event
 from host._host import Host, Session
+from host.declare import helper_call
 from host.errors import HostError, InvalidArguments
 from host.policy import Approval, ApprovalRequest, Approver, Channel, channel_of
 
 from ._tools import (
     RUN_CODE,
     RUN_CODE_OPTIONS,
+    Expose,
     Listing,
     NameStyle,
     ToolEntry,
@@ -510,6 +512,17 @@ _SESSION_EVENTS: Final[dict[str, tuple[LogLevel, tuple[str, ...]]]] = {
 it sees; ``capsule_started`` is told when it is a restart."""
 
 
+_INSTRUCTIONS: Final[dict[Expose, str]] = {
+    "all": "Tools of a toolhost project, each call decided by its policy. run_code runs "
+    "Python with every tool as an awaitable global; its description lists them.",
+    "tools": "Tools of a toolhost project, each call decided by its policy.",
+    "code": "A toolhost project in code mode: run_code runs Python with every tool of the "
+    "project as an awaitable global, each call decided by its policy. Find the tools with "
+    "search_tools and read their declarations with read_declaration (or, inside run_code, "
+    "toolhost.search and toolhost.declaration).",
+}
+
+
 class McpServer:
     """The tools of a host, and ``run_code``, served over MCP.
 
@@ -526,12 +539,14 @@ class McpServer:
         reload_interval: float = 0.3,
         name: str = "toolhost",
         names: NameStyle = "safe",
+        expose: Expose = "all",
     ) -> None:
         self.host = host
         self._reload = reload
         self._interval = reload_interval
         self._names: NameStyle = names
-        self._listing: Listing = listing(host.scope, host.discovery.tools, names)
+        self._expose: Expose = expose
+        self._listing: Listing = listing(host.scope, host.discovery.tools, names, expose)
         self._connections: set[_Connection] = set()
         self._by_session: dict[str, _Connection] = {}
         self._calls: dict[str, _Request] = {}
@@ -545,10 +560,7 @@ class McpServer:
             self.server: Server[dict[str, Any]] = _Server(  # pyright: ignore[reportDeprecated]
                 name,
                 version="0.1.0",
-                instructions=(
-                    "Tools of a toolhost project, each call decided by its policy. run_code runs "
-                    "Python with every tool as an awaitable global; its description lists them."
-                ),
+                instructions=_INSTRUCTIONS[expose],
                 on_list_tools=self._list_tools,
                 on_call_tool=self._call_tool,
                 on_set_logging_level=self._set_level,  # which declares the logging capability
@@ -730,6 +742,9 @@ class McpServer:
     async def _run(
         self, entry: ToolEntry, request: _Request, arguments: Mapping[str, Any]
     ) -> types.CallToolResult:
+        if entry.helper is not None:  # search_tools, read_declaration: the declarations
+            value = helper_call(self.host.scope.catalog, entry.helper, [], dict(arguments))
+            return value_result(entry, value, self.host.mediator.redact)
         session = await request.conn.open_session()
         spec = entry.spec
         if spec is None:  # run_code
@@ -839,7 +854,9 @@ class McpServer:
         try:
             changed = await self.host.reload_tools()
             if changed:
-                self._listing = listing(self.host.scope, self.host.discovery.tools, self._names)
+                self._listing = listing(
+                    self.host.scope, self.host.discovery.tools, self._names, self._expose
+                )
         except HostError as exc:
             text = self.host.mediator.redact(str(exc))
             for conn in list(self._connections):

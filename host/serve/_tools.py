@@ -39,12 +39,16 @@ from capsule.context import Attachment, Result
 from host.capsules import CodeResult
 from host.check import check_lines
 from host.declare import (
+    HELPERS,
+    MAX_QUERY,
+    MAX_RESULTS,
     POSITIONAL_ONLY,
     POSITIONAL_OR_KEYWORD,
     VAR_KEYWORD,
     VAR_POSITIONAL,
     Scope,
     ToolSpec,
+    prose,
 )
 from host.errors import DeclarationError, HostError, InvalidArguments, NotSerializable
 
@@ -54,6 +58,9 @@ __all__ = [
     "NameStyle",
     "mcp_name",
     "RUN_CODE",
+    "SEARCH_TOOLS",
+    "READ_DECLARATION",
+    "Expose",
     "Listing",
     "ToolEntry",
     "call_arguments",
@@ -72,82 +79,38 @@ _TEXT_LIMIT: Final = 64 * 1024
 """Characters of the text rendering of a result (the structured content is whole)."""
 
 _RUN_CODE_HEAD: Final = """\
-Run Python code in this session's sandbox (code mode). Every tool below is an awaitable \
+Run Python code in this session's sandbox (code mode). Every tool is an awaitable \
 global: `x = await add(2, 3)`. Top-level `await` works; variables and imports persist \
-across run_code calls of this session. The result holds the value of the last expression, \
-the captured output (print), and each tool call made with what policy decided. A call \
-that needs a person's approval waits until they answer, then the code goes on.
+across run_code calls of this session. The result: ok; value (of the last expression); \
+stdout (print); error (kind, type, message, traceback); calls (each tool call, with what \
+policy decided); warnings; check (what checking the code against the declarations \
+found). A call that needs a person's approval waits until they answer, then the code \
+goes on.
 
 """
 
-_CODE_CALL_SCHEMA: Final[dict[str, Any]] = {
-    "type": "object",
-    "properties": {
-        "tool": {"type": "string"},
-        "decision": {"enum": ["allow", "deny", "escalate", None]},
-        "ok": {"type": "boolean"},
-        "error": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    },
-    "required": ["tool", "decision", "ok"],
-}
+_JSON_TYPES: Final = ("object", "array", "string", "number", "boolean", "null")
 _RUN_CODE_OUTPUT: Final[dict[str, Any]] = {
+    # What a client validates; the run's parts are described in run_code's description and
+    # the docs (mcp.md), not here: every agent's context pays for this schema.
     "type": "object",
     "properties": {
         "ok": {"type": "boolean"},
-        "value": {
-            "description": "The value of the last expression, as plain data.",
-            "anyOf": [{"type": t} for t in ("object", "array", "string", "number", "boolean")]
-            + [{"type": "null"}],
-        },
+        "value": {"anyOf": [{"type": t} for t in _JSON_TYPES]},
         "stdout": {"type": "string"},
         "error": {
             "anyOf": [
                 {"type": "null"},
                 {
                     "type": "object",
-                    "properties": {
-                        "kind": {"type": "string"},
-                        "type": {"type": "string"},
-                        "message": {"type": "string"},
-                        "traceback": {"type": "string"},
-                        "limit": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                    },
-                    "required": ["kind", "type", "message"],
+                    "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+                    "required": ["kind", "message"],
                 },
             ]
         },
-        "calls": {"type": "array", "items": _CODE_CALL_SCHEMA},
+        "calls": {"type": "array", "items": {"type": "object"}},
         "warnings": {"type": "array", "items": {"type": "string"}},
-        "check": {
-            "description": "What checking the code against the declarations found, "
-            "before it ran (null when the check is off).",
-            "anyOf": [
-                {"type": "null"},
-                {
-                    "type": "object",
-                    "properties": {
-                        "mode": {"enum": ["warn", "refuse"]},
-                        "status": {"enum": ["clean", "errors", "unavailable"]},
-                        "diagnostics": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "line": {"type": "integer"},
-                                    "column": {"type": "integer"},
-                                    "kind": {"type": "string"},
-                                    "message": {"type": "string"},
-                                    "rule": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                                },
-                                "required": ["line", "column", "kind", "message"],
-                            },
-                        },
-                        "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                    },
-                    "required": ["mode", "status", "diagnostics"],
-                },
-            ],
-        },
+        "check": {"anyOf": [{"type": "null"}, {"type": "object"}]},
     },
     "required": ["ok", "value", "stdout", "error", "calls", "warnings"],
 }
@@ -224,16 +187,73 @@ def mcp_name(canonical: str, style: NameStyle = "safe") -> str:
     return name
 
 
+Expose = Literal["all", "tools", "code"]
+"""What a server lists: ``all`` (every tool, and ``run_code``), ``tools`` (every tool) or
+``code`` (``run_code`` with the declarations' index, and the tools that search and read
+the declarations: a big project costs the model little)."""
+
+SEARCH_TOOLS: Final = "search_tools"
+READ_DECLARATION: Final = "read_declaration"
+MODEL_BUDGET: Final = 6000
+"""Characters of declarations ``run_code``'s description holds: a bigger model block is
+replaced by the index (``Scope.render_model(max_chars=...)``)."""
+
+_SEARCH_INPUT: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "description": "What you want to do, in plain words.",
+            "maxLength": MAX_QUERY,
+        },
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS, "default": 5},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+_SEARCH_OUTPUT: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "result": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "declaration": {"type": "string"},
+                    "summary": {"type": "string"},
+                },
+                "required": ["name", "declaration", "summary"],
+            },
+        }
+    },
+    "required": ["result"],
+}
+_DECLARATION_INPUT: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "description": "A tool's name as search_tools gives it, or a tool file's name.",
+        }
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """One tool as MCP sees it, with what is needed to call it."""
 
     tool: types.Tool
     spec: ToolSpec | None
-    """None for ``run_code``."""
+    """None for ``run_code`` and the declarations' tools."""
     wrapped: bool
     """The result is sent as ``{"result": value}`` (its schema is not an object)."""
     bytes_params: frozenset[str]
+    helper: str | None = None
+    """The code-mode helper (``toolhost.search``, ...) a declarations' tool answers with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +279,6 @@ def _is_object(schema: Mapping[str, Any]) -> bool:
     return False
 
 
-_JSON_TYPES: Final = ("object", "array", "string", "number", "boolean", "null")
 _ANNOTATIONS: Final = frozenset({"title", "description", "default", "examples", "$comment"})
 _SUBSCHEMA: Final = ("items", "additionalProperties", "not", "contains", "propertyNames")
 _SUBSCHEMAS: Final = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -301,10 +320,13 @@ def lean(schema: Any, description: str = "") -> Any:
     """``schema`` without what no client needs, which every agent's context pays for:
     ``$schema`` (MCP's default is 2020-12, the dialect these are), the root's ``title``
     (the tool's name), a root ``description`` the tool's description already holds, and
-    each ``$defs`` entry's ``title`` that only repeats its key. Returns a new schema."""
+    each ``$defs`` entry's ``title`` that only repeats its key, and an empty root
+    ``required``. Returns a new schema."""
     if not isinstance(schema, dict):
         return schema
     out = {k: v for k, v in cast("dict[str, Any]", schema).items() if k not in ("$schema", "title")}
+    if out.get("required") == []:
+        del out["required"]
     said = out.get("description")
     if isinstance(said, str) and said.strip() and said.strip() in description:
         del out["description"]
@@ -337,16 +359,67 @@ def _output_schema(schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None
     return wrapped, True
 
 
-def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "safe") -> Listing:
-    """The MCP tools of ``scope``: every declared tool, then ``run_code``.
+def listing(
+    scope: Scope,
+    specs: Mapping[str, ToolSpec],
+    names: NameStyle = "safe",
+    expose: Expose = "all",
+) -> Listing:
+    """The MCP tools of ``scope``: every declared tool, then ``run_code`` (``expose``
+    ``all``); only the tools (``tools``); or ``run_code``, ``search_tools`` and
+    ``read_declaration`` (``code``).
 
     Raises :class:`DeclarationError` when two tools (``run_code`` included) would have
     one MCP name, naming both.
     """
-    schemas = scope.schemas()
     tools: list[types.Tool] = []
     entries: dict[str, ToolEntry] = {}
-    owner: dict[str, str] = {RUN_CODE: RUN_CODE}
+    if expose != "code":
+        _list_tools(scope, specs, names, expose, tools, entries)
+    if expose != "tools":
+        code = types.Tool(
+            name=RUN_CODE,
+            description=_RUN_CODE_HEAD + scope.render_model(max_chars=MODEL_BUDGET),
+            input_schema=_RUN_CODE_INPUT,
+            output_schema=_RUN_CODE_OUTPUT,
+        )
+        tools.append(code)
+        entries[RUN_CODE] = ToolEntry(code, None, False, frozenset())
+    if expose == "code":
+        search = types.Tool(
+            name=SEARCH_TOOLS,
+            description="Find the tools run_code can call: the best matches for what you "
+            "want to do (names, docstrings, parameters), each with how to call it, its "
+            "signature and a summary. In run_code: await toolhost.search(query).",
+            input_schema=_SEARCH_INPUT,
+            output_schema=_SEARCH_OUTPUT,
+            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        )
+        read = types.Tool(
+            name=READ_DECLARATION,
+            description="The full declarations (signatures, docstrings, the types they "
+            "use) of one tool, or of every tool in one tool file. In run_code: await "
+            "toolhost.declaration(name).",
+            input_schema=_DECLARATION_INPUT,
+            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        )
+        for tool, helper in ((search, HELPERS[0]), (read, HELPERS[1])):
+            tools.append(tool)
+            entries[tool.name] = ToolEntry(tool, None, helper == HELPERS[0], frozenset(), helper)
+    return Listing(scope.key, tools, entries)
+
+
+def _list_tools(
+    scope: Scope,
+    specs: Mapping[str, ToolSpec],
+    names: NameStyle,
+    expose: Expose,
+    tools: list[types.Tool],
+    entries: dict[str, ToolEntry],
+) -> None:
+    """Every declared tool, into ``tools`` and ``entries``."""
+    schemas = scope.schemas()
+    owner: dict[str, str] = {} if expose == "tools" else {RUN_CODE: RUN_CODE}
     for decl in scope.tools:
         name = mcp_name(decl.name, names)
         other = owner.setdefault(name, decl.name)
@@ -358,7 +431,10 @@ def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "saf
             )
         schema = schemas[decl.name]
         output, wrapped = _output_schema(schema["output"])
-        description = decl.docstring or decl.summary or f"The tool {decl.name}."
+        # The docstring without its Args and Returns sections: the schemas hold those.
+        description = prose(decl.docstring) or f"The tool {decl.name}."
+        if output is None and decl.returns_description:
+            description += f"\n\nReturns: {decl.returns_description}"
         tool = types.Tool(
             name=name,
             description=description,
@@ -372,15 +448,6 @@ def listing(scope: Scope, specs: Mapping[str, ToolSpec], names: NameStyle = "saf
             wrapped,
             frozenset(p.name for p in decl.params if p.type == "bytes"),
         )
-    code = types.Tool(
-        name=RUN_CODE,
-        description=_RUN_CODE_HEAD + scope.render_model(),
-        input_schema=_RUN_CODE_INPUT,
-        output_schema=_RUN_CODE_OUTPUT,
-    )
-    tools.append(code)
-    entries[RUN_CODE] = ToolEntry(code, None, False, frozenset())
-    return Listing(scope.key, tools, entries)
 
 
 # -- arguments ------------------------------------------------------------------------------
