@@ -260,14 +260,17 @@ class HostPeer(Peer):
 
 
 class RunCodePeer(HostPeer):
-    """This host's code mode: warm ``run_code`` in the Wasm sandbox, its calls mediated."""
+    """This host's code mode: warm ``run_code`` in the Wasm sandbox, its calls mediated,
+    with the default settings (the check: ``warn``)."""
 
     OPS = ("code-1", "code-10")
+    CHECK: Any = None
+    """The ``check`` of every run (None: the project's, by default ``warn``)."""
 
     async def open(self) -> None:
         await super().open()
         for source in (SNIPPET_ONE, SNIPPET_TEN):
-            result = await self.host.run_code(source)
+            result = await self.host.run_code(source, check=self.CHECK)
             if not result.ok:
                 raise RuntimeError(f"run_code: {result.error}")
         # The idle guest imports asyncio and friends in the background: let it finish
@@ -284,8 +287,10 @@ class RunCodePeer(HostPeer):
     def op(self, index: int) -> Callable[[], Awaitable[Any]]:
         source = SNIPPET_ONE if self.OPS[index] == "code-1" else SNIPPET_TEN
 
+        check = self.CHECK
+
         async def run() -> Any:
-            result = await self.host.run_code(source)
+            result = await self.host.run_code(source, check=check)
             if not result.ok:
                 raise RuntimeError(f"run_code: {result.error}")
             return result.value
@@ -294,7 +299,7 @@ class RunCodePeer(HostPeer):
 
     async def new_session(self) -> None:
         session = await self.stack.enter_async_context(self.host.session())
-        result = await session.run_code(SNIPPET_ONE)
+        result = await session.run_code(SNIPPET_ONE, check=self.CHECK)
         if not result.ok or result.value != 3:
             raise RuntimeError(f"run_code in a new session: {result}")
 
@@ -440,11 +445,18 @@ class SmolagentsPeer(Peer):
         self.held.append(executor)
 
 
+class RunCodeOffPeer(RunCodePeer):
+    """Warm ``run_code`` with the check off."""
+
+    CHECK = "off"
+
+
 PEERS: dict[str, type[Peer]] = {
     "host": HostPeer,
     "serve": ServePeer,
     "fastmcp": FastMcpPeer,
     "run_code": RunCodePeer,
+    "run_code-off": RunCodeOffPeer,
     "monty": MontyPeer,
     "smolagents": SmolagentsPeer,
 }

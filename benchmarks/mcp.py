@@ -188,6 +188,18 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         StdioServerParameters(command=sys.executable, args=[str(workdir / "fast.py")], env=env),
     )
     servers = [toolhost, fast]
+    if args.sdk_stdio:  # toolhost on the SDK's threaded stdio transport, side by side
+        servers.append(
+            Server(
+                "toolhost-sdk-stdio",
+                StdioServerParameters(
+                    command=sys.executable,
+                    args=toolhost.params.args,
+                    cwd=str(ROOT),
+                    env={**env, "TOOLHOST_SDK_STDIO": "1"},
+                ),
+            )
+        )
     async with AsyncExitStack() as stack:
         for server in servers:
             await server.open(stack)
@@ -307,6 +319,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile toolhost serve")
     parser.add_argument("--profile-calls", type=int, default=3000)
     parser.add_argument("--profile-out", metavar="FILE", help="keep the cProfile stats here")
+    parser.add_argument(
+        "--sdk-stdio",
+        action="store_true",
+        help="also toolhost serve on the MCP SDK's stdio transport (TOOLHOST_SDK_STDIO=1)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -323,8 +340,10 @@ def main() -> None:
         f"{args.inflight} in flight, calls/s | CPU us per call, {args.inflight} in flight |"
     )
     print("|---|---|---|---|---|---|")
-    for name in ("toolhost", "fastmcp"):
-        f = figures[name]
+    for name in ("toolhost", "fastmcp", "toolhost-sdk-stdio"):
+        f = figures.get(name)
+        if f is None:
+            continue
         print(
             f"| {name} | {f['median_us']:,.0f} | {f['p99_us']:,.0f} | "
             f"{f['cpu_us_per_call']:,.0f} | {f['calls_per_s']:,.0f} | "

@@ -14,6 +14,12 @@ client). Code mode: a snippet making one and ten ``add`` calls through warm ``ru
 ``LocalPythonExecutor`` (in-process, no isolation). Then new sessions of each: the time to
 the first completed call, and the memory each holds (PSS).
 
+Every process runs on one CPU (``--cpu N``, default 0; ``--cpu -1`` leaves them free), so
+no peer gains from the second core. Then what a model reads: the tools/list of a
+generated 100-tool project from ``toolhost serve`` and FastMCP, and in code mode on a
+1,000-tool project (``benchmarks.catalog``; ``--no-lists`` skips it). Last, issue 25's
+targets, each a ratio of two rows of this run.
+
 Each peer runs in a worker process of its own (``benchmarks._peer_cases``, driven like the
 workers of ``benchmarks.run``). Every round runs a batch of sequential calls of every
 peer's every operation, then a burst with many in flight of each that allows it, in a
@@ -89,6 +95,13 @@ PEERS: dict[str, PeerSpec] = {
             "run_code",
             "this host, warm run_code",
             "Wasm guest in its own process; each call mediated to a tool capsule",
+            "Wasm + process + policy + audit",
+            False,
+        ),
+        PeerSpec(
+            "run_code-off",
+            "this host, warm run_code with check='off'",
+            "as run_code, without checking the code against the declarations",
             "Wasm + process + policy + audit",
             False,
         ),
@@ -259,6 +272,114 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _lists() -> dict[str, Any]:
+    """tools/list sizes and code mode's reading (``benchmarks.catalog``), 100 and 1,000."""
+    import anyio
+
+    from .catalog import measure as catalog_measure
+
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="toolhost-lists-") as tmp:
+            return {str(n): await catalog_measure(n, Path(tmp)) for n in (100, 1000)}
+
+    return anyio.run(run)
+
+
+def _row(result: dict[str, Any], peer: str, op: str) -> dict[str, Any] | None:
+    for row in result["calls"]:
+        if row["peer"] == peer and row["op"] == op:
+            return row
+    return None
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Issue 25's rows: (what, toolhost, peer, ratio, target) from this run's figures."""
+    out: list[tuple[str, str, str, str, str]] = []
+
+    def us(row: dict[str, Any] | None) -> str:
+        return "-" if row is None else f"{row['median_us']:,.0f} us"
+
+    def code(peer: str, op: str, what: str) -> None:
+        ours, theirs = _row(result, peer, op), _row(result, "monty", op)
+        ratio = "-" if not ours or not theirs else f"{ours['median_us'] / theirs['median_us']:.1f}x"
+        out.append((what, us(ours), f"monty {us(theirs)}", ratio, "within 8x"))
+
+    code("run_code", "code-1", "warm run_code, 1 tool call, default settings")
+    code("run_code-off", "code-1", "same with check='off'")
+    code("run_code", "code-10", "warm run_code, 10 tool calls, default settings")
+    code("run_code-off", "code-10", "same with check='off'")
+    serve, fast = _row(result, "serve", "add"), _row(result, "fastmcp", "add")
+    if serve and fast:
+        out.append(
+            (
+                "one MCP call over stdio, official client",
+                us(serve),
+                f"FastMCP {us(fast)}",
+                f"{serve['median_us'] / fast['median_us']:.2f}x",
+                "under 1x",
+            )
+        )
+        if "calls_per_s" in serve and "calls_per_s" in fast:
+            out.append(
+                (
+                    f"{result['config']['inflight']} MCP calls in flight, calls/s",
+                    f"{serve['calls_per_s']:,.0f}",
+                    f"FastMCP {fast['calls_per_s']:,.0f}",
+                    f"{serve['calls_per_s'] / fast['calls_per_s']:.2f}x",
+                    "over 1x",
+                )
+            )
+    sessions = result["sessions"]
+    if "serve" in sessions and "fastmcp" in sessions:
+        a, b = sessions["serve"], sessions["fastmcp"]
+        out.append(
+            (
+                "a new MCP stdio session: PSS, processes",
+                f"{a['pss_per_session'] / 2**20:,.0f} MiB, {a['processes_per_session']:g}",
+                f"FastMCP {b['pss_per_session'] / 2**20:,.0f} MiB, {b['processes_per_session']:g}",
+                f"{a['pss_per_session'] / b['pss_per_session']:.2f}x",
+                "under 1x",
+            )
+        )
+    lists = result.get("lists")
+    if lists:
+        small = lists["100"]
+        if small["list_fastmcp"]:
+            out.append(
+                (
+                    "tools/list of a 100-tool project, characters",
+                    f"{small['list_all']:,} ({small['list_tools']:,} without run_code)",
+                    f"FastMCP {small['list_fastmcp']:,}",
+                    f"{small['list_tools'] / small['list_fastmcp']:.2f}x",
+                    "at most 1x",
+                )
+            )
+        big = lists["1000"]["code_mode"]
+        out.append(
+            (
+                "1,000 tools: characters read before the first useful call",
+                f"{big['before_first_call_median']:,.0f} "
+                f"(at most {big['before_first_call_max']:,})",
+                f"model block {big['model_block']:,}",
+                f"search top-1 {big['top1']}/{big['tasks']}, top-3 {big['top3']}/{big['tasks']}",
+                "under 8,000",
+            )
+        )
+    if "run_code" in sessions:
+        first = sessions["run_code"]["first_call_ms"]
+        theirs = sessions.get("monty", {}).get("first_call_ms")
+        out.append(
+            (
+                "new session to first run_code result",
+                f"{first:,.1f} ms",
+                "-" if theirs is None else f"monty {theirs:,.1f} ms",
+                "-" if not theirs else f"{first / theirs:.0f}x",
+                "under 40 ms",
+            )
+        )
+    return out
+
+
 def report(result: dict[str, Any]) -> str:
     m = result["machine"]
     cfg = result["config"]
@@ -298,6 +419,27 @@ def report(result: dict[str, Any]) -> str:
             f"| {name} | {s['first_call_ms']:,.1f} | {held} | "
             f"{s['processes_per_session']:g} | {PEERS[name].short} |"
         )
+    lists = result.get("lists")
+    if lists:
+        lines += [
+            "",
+            "| tools | tools/list: serve (all) | serve --expose tools | serve --expose code | "
+            "FastMCP, same functions |",
+            "|---|---|---|---|---|",
+        ]
+        for n, f in lists.items():
+            lines.append(
+                f"| {int(n):,} | {f['list_all']:,} | {f['list_tools']:,} | {f['list_code']:,} | "
+                f"{f['list_fastmcp'] or '-':,} |"
+            )
+    lines += [
+        "",
+        "issue 25's targets, from this run:",
+        "",
+        "| what | toolhost | peer | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in targets(result)]
     lines += ["", "boundaries:"]
     lines += [f"  {name:<10} {PEERS[name].boundary}" for name in result["boundaries"]]
     for name, reason in result["skipped"].items():
@@ -319,7 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inflight", type=int, default=64, help="concurrent callers per burst")
     parser.add_argument("--sessions", type=int, default=8, help="new sessions per peer")
     parser.add_argument("--seed", type=int, default=1, help="seed of the shuffled order")
+    parser.add_argument(
+        "--cpu", type=int, default=0, help="the one CPU every process runs on (-1: any)"
+    )
+    parser.add_argument(
+        "--no-lists", action="store_true", help="skip the tools/list and code-mode reading"
+    )
     args = parser.parse_args(argv)
+    if args.cpu >= 0:
+        os.sched_setaffinity(0, {args.cpu})  # the workers and their children inherit it
     if args.quick:
         args.rounds, args.warmup, args.calls, args.batch_time = 1, 0, 20, 0.05
         args.burst, args.burst_time, args.sessions = 100, 0.2, 1
@@ -337,8 +487,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for worker in workers:
                 worker.close()
+    # What a model reads: with a full run (every peer), not a smoke run or a chosen few.
+    lists = None if args.quick or args.no_lists or args.peers else _lists()
     result = {
-        "machine": about | {"load_average_end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": about
+        | {
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu": sorted(os.sched_getaffinity(0)),
+        },
         "config": {
             k: getattr(args, k)
             for k in (
@@ -356,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         "sessions": sessions,
         "boundaries": {name: PEERS[name].boundary for name in names},
         "skipped": skipped,
+        "lists": lists,
     }
     if args.json:
         json.dump(result, sys.stdout, indent=2)

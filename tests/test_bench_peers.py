@@ -52,6 +52,8 @@ def test_quick_run_measures_every_peer() -> None:
         ("fastmcp", "customer"),
         ("run_code", "code-1"),
         ("run_code", "code-10"),
+        ("run_code-off", "code-1"),
+        ("run_code-off", "code-10"),
         ("monty", "code-1"),
         ("monty", "code-10"),
         ("smolagents", "code-1"),
@@ -64,6 +66,13 @@ def test_quick_run_measures_every_peer() -> None:
     for name in ("host", "serve", "fastmcp", "run_code", "monty"):  # each has processes
         assert result["sessions"][name]["processes_per_session"] >= 1, result["sessions"][name]
         assert result["sessions"][name]["pss_per_session"] > 0, result["sessions"][name]
+    # The report renders, with issue 25's targets as ratios of this run's rows.
+    from benchmarks import peers
+
+    text = peers.report(result)
+    assert "issue 25's targets" in text
+    assert "| warm run_code, 1 tool call, default settings |" in text
+    assert result["machine"]["cpu"] == [0]  # every process on one CPU
 
 
 def test_a_missing_peer_is_skipped_with_a_message() -> None:

@@ -62,6 +62,7 @@ from host.declare import helper_call
 from host.errors import HostError, InvalidArguments
 from host.policy import Approval, ApprovalRequest, Approver, Channel, channel_of
 
+from ._stdio import stdio_streams
 from ._tools import (
     RUN_CODE,
     RUN_CODE_OPTIONS,
@@ -626,7 +627,11 @@ class McpServer:
         While it serves, the SDK points file descriptors 0 and 1 elsewhere, so a stray
         ``print`` cannot break the protocol.
         """
-        async with stdio_server() as (read, write):
+        if os.environ.get("TOOLHOST_SDK_STDIO") == "1":  # the SDK's threaded transport
+            async with stdio_server() as (read, write):
+                await self.serve_streams(read, write)
+            return
+        async with stdio_streams() as (read, write):
             await self.serve_streams(read, write)
 
     def session_manager(
