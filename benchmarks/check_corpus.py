@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -31,6 +32,7 @@ async def _measure(root: Path) -> None:
     (root / "tools" / "desk.py").write_text(TOOLS, encoding="utf-8")
     (root / "policy.toml").write_text('version = 1\n[defaults]\nagent = "allow"\n')
     flagged: dict[str, dict[str, list[str]]] = {"quick": {}, "full": {}}
+    kinds: dict[str, Counter[str]] = {"quick": Counter(), "full": Counter()}
     spent = {"quick": 0.0, "full": 0.0}
     async with Host.open(root) as host:
         checker = host.checker
@@ -44,13 +46,17 @@ async def _measure(root: Path) -> None:
             spent["full"] += time.perf_counter() - start
             if quick:
                 flagged["quick"][name] = [str(d) for d in quick]
+                kinds["quick"].update(d.kind for d in quick)
             if full.status != "clean":
                 flagged["full"][name] = [str(d) for d in full.diagnostics] or [str(full.note)]
+                kinds["full"].update(d.kind for d in full.diagnostics or ())
     total = len(CORPUS)
     for depth in ("quick", "full"):
         count = len(flagged[depth])
         mean = spent[depth] / total * 1000
         print(f"{depth}: {count} of {total} valid snippets flagged ({mean:.2f} ms a check)")
+        by_kind = ", ".join(f"{kind} {n}" for kind, n in kinds[depth].most_common()) or "none"
+        print(f"  false positives by kind: {by_kind}")
         for name, said in flagged[depth].items():
             print(f"  {name}: {'; '.join(said)}")
 

@@ -150,4 +150,9 @@ CORPUS: dict[str, str] = {
     "star_unpack": "first, *rest = await search('many')\nfirst\n",
     "lambda_default": "f = lambda x, y=2: x * y\nf(await add(1, 1))\n",
     "type_hints": "values: list[int] = [await add(1, 2)]\nvalues\n",
+    # Declarations on demand (code mode's ``toolhost`` helpers).
+    "find_a_tool": (
+        "hits = await toolhost.search('close a ticket', limit=3)\n[h['name'] for h in hits]\n"
+    ),
+    "read_a_declaration": "print(await toolhost.declaration('close'))\n",
 }

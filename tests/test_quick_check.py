@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from host.check._quick import quick_check, signatures, stub_names
-from host.declare import discover
+from host.declare import HELPERS_PYI, discover
 
 TOOLS = """
 def add(a: int, b: int) -> int:
@@ -33,7 +33,8 @@ def close(ticket: str, /, reason: str = "done") -> bool:
     return True
 """
 
-STUB = """
+STUB = (
+    """
 from host.errors import ToolError, NotApproved
 async def add(a: int, b: int) -> int: ...
 async def search(query: str, *, limit: int = 10, tags: list[str] | None = None) -> list[str]: ...
@@ -41,6 +42,8 @@ async def log(*lines: str, **fields: str) -> None: ...
 async def close(ticket: str, /, reason: str = "done") -> bool: ...
 class tools: ...
 """
+    + HELPERS_PYI
+)  # as the checker's stub: the declarations and code mode's helpers
 
 
 @pytest.fixture(scope="module")
