@@ -155,6 +155,14 @@ class _Ruleset:
             ),
             "landlock_create_ruleset",
         )
+        self._beneath = _PathBeneathAttr(0, -1)
+        self._add_beneath = (
+            _ADD_RULE,
+            ctypes.c_int(self.fd),
+            ctypes.c_int(_RULE_PATH_BENEATH),
+            ctypes.byref(self._beneath),
+            ctypes.c_uint32(0),
+        )
 
     def grant(self, path: str, access: int) -> None:
         """Grant ``access`` beneath ``path``; a path that cannot be opened stays denied."""
@@ -166,14 +174,20 @@ class _Ruleset:
         except OSError:
             return  # gone, or out of reach for this user anyway: nothing granted
         try:
-            info = os.fstat(fd)
-            if stat.S_ISLNK(info.st_mode):
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
                 return  # a link: what it leads to is checked where it lives
-            if not stat.S_ISDIR(info.st_mode):
+            if not stat.S_ISDIR(mode):
                 access &= _FILE_RIGHTS
                 if not access:
                     return
-            self._add(_RULE_PATH_BENEATH, _PathBeneathAttr(access, fd), repr(path))
+            # One rule per entry of a crowded folder (thousands in a busy /tmp): the
+            # call's arguments are made once per ruleset, only the rule's fields change.
+            attr = self._beneath
+            attr.allowed_access = access
+            attr.parent_fd = fd
+            if self._syscall(*self._add_beneath) < 0:
+                _check(-1, f"landlock_add_rule({path!r})")
         finally:
             os.close(fd)
 
@@ -218,17 +232,21 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _grant_except(rules: _Ruleset, root: str, denied: Sequence[str], access: int) -> None:
-    """Grant ``access`` beneath ``root`` except beneath each ``denied`` path.
+def _grant_except(grants: dict[str, int], root: str, denied: Sequence[str], access: int) -> None:
+    """Add ``access`` beneath ``root`` except beneath each ``denied`` path to ``grants``
+    (path -> access; :func:`restrict` makes one rule per path, whatever was added).
 
     Every folder from ``root`` down to the parent of a denied path gets no rule of its
-    own; every other entry of such a folder gets one (its whole subtree).
+    own; every other entry of such a folder gets one (its whole subtree). One rule per
+    path, with every access granted to it: two rules on one file are the same as one
+    with both rights, and a crowded folder (``/tmp``) above both a denied path and a
+    writable root is read once and ruled once per entry, not twice.
     """
     inside = {d for d in denied if _under(d, root)}
     if root in inside:
         return
     if not inside:
-        rules.grant(root, access)
+        grants[root] = grants.get(root, 0) | access
         return
     ancestors: set[str] = set()
     for path in inside:
@@ -247,7 +265,7 @@ def _grant_except(rules: _Ruleset, root: str, denied: Sequence[str], access: int
             entry = os.path.join(folder, name)
             if entry in ancestors or entry in inside:
                 continue
-            rules.grant(entry, access)
+            grants[entry] = grants.get(entry, 0) | access
 
 
 def restrict(spec: Mapping[str, Any]) -> int:
@@ -292,10 +310,12 @@ def restrict(spec: Mapping[str, Any]) -> int:
     # granted: grant it everywhere. A move that would give a file more rights where it
     # lands (out of a denied folder) is still refused (EXDEV), and creating or removing
     # entries still needs the other rights.
-    rules.grant("/", _REFER)
-    _grant_except(rules, "/", deny_read, _READ_FILE)
+    grants: dict[str, int] = {"/": _REFER}
+    _grant_except(grants, "/", deny_read, _READ_FILE)
     for root in _real(spec.get("write", ())):
         if not any(_under(root, d) for d in deny_write):
-            _grant_except(rules, root, deny_write, _WRITE_RIGHTS)
+            _grant_except(grants, root, deny_write, _WRITE_RIGHTS)
+    for path, access in grants.items():
+        rules.grant(path, access)
     rules.enforce()
     return version

@@ -103,6 +103,9 @@ TAMPER = {
             tried["write notes.txt"] = _try(
                 lambda: _write(os.path.join(root, "notes.txt"), b"more", "ab")
             )
+            # ... and readable: a path both read and written keeps both rights.
+            tried["read notes.txt"] = _try(lambda: open(os.path.join(root, "notes.txt")).read())
+            tried["read out/ok back"] = _try(lambda: open(os.path.join(out, "ok")).read())
             return tried
     ''',
     "quick": "def quick() -> str:\n    return 'quick'\n",
@@ -143,6 +146,8 @@ def test_a_tool_cannot_touch_the_hosts_state_tools_or_policy(lab: Lab) -> None:
     tried = run.report()["tried"]
     assert tried.pop("write out/") == "done"
     assert tried.pop("write notes.txt") == "done"
+    assert tried.pop("read notes.txt") == "done"
+    assert tried.pop("read out/ok back") == "done"
     assert tried.pop("journal segments seen") == "done"
     refused = {"EACCES", "EXDEV"}
     for what, outcome in tried.items():
