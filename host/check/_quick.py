@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -111,24 +111,60 @@ def quick_check(
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    bound = _bound(tree)
+    nodes, parents = _walk(tree)
+    bound = _bound(nodes)
     found: list[CodeDiagnostic] = []
-    tool_names = {name for name in tools if "." not in name and name not in bound}
-    calls = _tool_calls(tree, tools, tool_names)
-    _unawaited(tree, calls, found)
+    tool_names = _ToolNames(tools, bound)
+    calls = _tool_calls(nodes, tools, tool_names)
+    _unawaited(tree, nodes, parents, calls, found)
     _calls(calls, found)
-    if not _dynamic(tree):
-        allowed = bound | _BUILTINS | set(known) | set(stub) | tool_names | {"tools"}
-        _unknown(tree, allowed, found)
+    if not _dynamic(nodes):
+        names = stub if isinstance(stub, set | frozenset) else set(stub)
+        allowed = (bound, _BUILTINS, set(known), names, tool_names, {"tools"})
+        _unknown(nodes, allowed, found)
     found.sort(key=lambda d: (d.line, d.column))
     return found
 
 
-def _bound(tree: ast.Module) -> set[str]:
+def _walk(tree: ast.Module) -> tuple[list[ast.AST], dict[ast.AST, ast.AST]]:
+    """Every node (in ``ast.walk``'s order) and each one's parent, in one pass: the
+    checks below read these lists rather than walking the tree again each."""
+    nodes: list[ast.AST] = [tree]
+    parents: dict[ast.AST, ast.AST] = {}
+    i = 0
+    while i < len(nodes):
+        node = nodes[i]
+        i += 1
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+            nodes.append(child)
+    return nodes, parents
+
+
+class _ToolNames:
+    """The bare names that call a tool in this run (a tool's, not rebound by the run):
+    asked per name, never built as a set (a project may have thousands of tools)."""
+
+    __slots__ = ("_bound", "_tools")
+
+    def __init__(self, tools: Mapping[str, Signature], bound: set[str]) -> None:
+        self._tools = tools
+        self._bound = bound
+
+    def __contains__(self, name: object) -> bool:
+        return (
+            isinstance(name, str)
+            and name in self._tools
+            and "." not in name
+            and name not in self._bound
+        )
+
+
+def _bound(nodes: list[ast.AST]) -> set[str]:
     """Every name the run binds anywhere, in any scope (a name bound anywhere is never
     reported: the checks do not follow scopes)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
             names.add(node.id)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -154,10 +190,10 @@ def _bound(tree: ast.Module) -> set[str]:
     return names
 
 
-def _dynamic(tree: ast.Module) -> bool:
+def _dynamic(nodes: list[ast.AST]) -> bool:
     """Whether the run may bind names the tree does not show (``globals()``, a star
     import): then unknown names are left to the run."""
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
             return True
         if (
@@ -169,7 +205,7 @@ def _dynamic(tree: ast.Module) -> bool:
     return False
 
 
-def _call_name(node: ast.expr, tool_names: set[str]) -> str | None:
+def _call_name(node: ast.expr, tool_names: _ToolNames) -> str | None:
     """The tool a call's function names: a tool's bare name (not rebound in the run), or
     ``tools.FILE.EXPORT[.MEMBER]``."""
     if isinstance(node, ast.Name):
@@ -183,20 +219,12 @@ def _call_name(node: ast.expr, tool_names: set[str]) -> str | None:
     return None
 
 
-def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
-    parents: dict[ast.AST, ast.AST] = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
-    return parents
-
-
 def _tool_calls(
-    tree: ast.Module, tools: Mapping[str, Signature], tool_names: set[str]
+    nodes: list[ast.AST], tools: Mapping[str, Signature], tool_names: _ToolNames
 ) -> list[tuple[ast.Call, str, Signature]]:
     """Every call of a tool in the run: the call, the name it is called by, its signature."""
     calls: list[tuple[ast.Call, str, Signature]] = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call):
             name = _call_name(node.func, tool_names)
             signature = tools.get(name) if name is not None else None
@@ -207,10 +235,11 @@ def _tool_calls(
 
 def _unawaited(
     tree: ast.Module,
+    nodes: list[ast.AST],
+    parents: Mapping[ast.AST, ast.AST],
     calls: list[tuple[ast.Call, str, Signature]],
     found: list[CodeDiagnostic],
 ) -> None:
-    parents = _parents(tree)
     pending: dict[str, tuple[ast.Call, str]] = {}
     """A name bound to a tool call's coroutine, at module level -> that call and tool."""
     for node, name, _ in calls:
@@ -225,7 +254,7 @@ def _unawaited(
         ):
             pending[parent.targets[0].id] = (node, name)
     for variable, (call, name) in pending.items():
-        if _misused(tree, parents, variable, call):
+        if _misused(nodes, parents, variable, call):
             found.append(
                 CodeDiagnostic(
                     line=call.lineno,
@@ -241,14 +270,14 @@ def _unawaited(
 
 
 def _misused(
-    tree: ast.Module, parents: Mapping[ast.AST, ast.AST], variable: str, call: ast.Call
+    nodes: list[ast.AST], parents: Mapping[ast.AST, ast.AST], variable: str, call: ast.Call
 ) -> bool:
     """Whether ``variable`` (bound to a tool call's coroutine) is used as a value and
     never awaited or handed on: only a read as an operand counts against it; any
     ``await variable``, any other use (an argument, an element, a return, a rebinding)
     lets it pass."""
     misused = False
-    for node in ast.walk(tree):
+    for node in nodes:
         if not (isinstance(node, ast.Name) and node.id == variable):
             continue
         if isinstance(node.ctx, ast.Store | ast.Del):
@@ -321,13 +350,15 @@ def _order(signature: Signature) -> Callable[[str], tuple[int, str]]:
     return lambda name: (index.get(name, len(index)), name)
 
 
-def _unknown(tree: ast.Module, allowed: set[str], found: list[CodeDiagnostic]) -> None:
+def _unknown(
+    nodes: list[ast.AST], allowed: tuple[Container[str], ...], found: list[CodeDiagnostic]
+) -> None:
     seen: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
             continue
         name = node.func.id
-        if name in allowed or name in seen:
+        if name in seen or any(name in names for names in allowed):
             continue
         seen.add(name)
         found.append(
