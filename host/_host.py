@@ -45,6 +45,7 @@ from .capsules import (
     CodeSandbox,
     EgressProxy,
     RunOptions,
+    SandboxPool,
     Supervisor,
     TransportFactory,
     check_interpreter,
@@ -162,6 +163,11 @@ class Namespace:
         return f"<{self._label}: {', '.join(sorted(self._entries))}>"
 
 
+async def _no_calls(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The calls of the pool's own sandbox, which never runs code."""
+    raise HostError(f"the sandbox pool makes no calls ({name})")
+
+
 def _tree(call: CallAs, tools: Mapping[str, ToolSpec], caller: Caller) -> Namespace:
     files: dict[str, dict[str, ToolProxy | dict[str, ToolProxy]]] = {}
     for spec in tools.values():
@@ -254,6 +260,7 @@ class Session:
             session=session_id,
             task_group=host._tg,  # pyright: ignore[reportPrivateUsage]
             helper=lambda name, args, kwargs: helper_call(host.scope.catalog, name, args, kwargs),
+            pool=host.sandbox_pool,
         )
         """The session's code sandbox, started by the first ``run_code``."""
         self._busy = 0
@@ -513,6 +520,23 @@ class Host:
         self._watch_policy = watch_policy
         self.egress: EgressProxy | None = None
         """The egress proxy, when ``[capsules] network`` names hosts."""
+        self.sandbox_pool: SandboxPool | None = None
+        """One code sandbox booted ahead for the next session's first ``run_code``, once
+        code mode is in use (``TOOLHOST_SANDBOX_POOL=0``: none)."""
+        if os.environ.get("TOOLHOST_SANDBOX_POOL") != "0":
+            maker = CodeSandbox(
+                kind=config.capsules.code,
+                runtime=config.capsules.code_runtime,
+                tools=discovery.tools,
+                call=_no_calls,
+                canonical=lambda name: name,
+                limits=config.limits,
+                events=self.events,
+                session="sandbox-pool",
+                task_group=task_group,
+                quiet=True,
+            )
+            self.sandbox_pool = SandboxPool(maker)
         self.checker = CodeChecker(
             scope,
             task_group=task_group,
@@ -933,6 +957,8 @@ class Host:
         return tuple(sorted(kinds)) or ("subprocess",)
 
     async def _close(self) -> None:
+        if self.sandbox_pool is not None:
+            await self.sandbox_pool.aclose()
         sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
             await session.code.aclose()
@@ -968,6 +994,8 @@ class Host:
         self.checker.retool(scope, discovery.tools.values())
         files = [f.module for f in discovery.files if not f.private]
         sessions = list(self._sessions)
+        if self.sandbox_pool is not None:
+            await self.sandbox_pool.retool(discovery.tools)
         for session in sessions:
             session.tools = _tree(session.call_as, discovery.tools, "app")
             await session.supervisor.retool(discovery, files, discovery.tools)

@@ -34,6 +34,7 @@ from ._runtimes import WasmUnavailable as WasmUnavailable
 from ._runtimes import prepare_runtime as prepare_runtime
 from ._runtimes import wasm_cache as wasm_cache
 from ._sandbox import CodeSandbox as CodeSandbox
+from ._sandbox import SandboxPool as SandboxPool
 from ._subprocess import check_interpreter as check_interpreter
 from ._supervisor import Supervisor as Supervisor
 from ._transport import ContextFailure as ContextFailure
@@ -65,6 +66,7 @@ __all__ = [
     "EgressProxy",
     "proxy_env",
     "CodeSandbox",
+    "SandboxPool",
     "check_interpreter",
     "Supervisor",
     "ContextFailure",

@@ -70,6 +70,9 @@ class Guest:
         self._pack = p.packer()
         self._wlock = anyio.Lock()
         self.stderr_tail = bytearray()
+        self.owner: Any = None
+        """The sandbox serving a session with this guest, when it is not the one that
+        started it (a guest booted ahead by the pool): its console is that session's."""
         self.killed: str | None = None
         self.exited = anyio.Event()
         self.closed = False

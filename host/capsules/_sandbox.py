@@ -71,7 +71,7 @@ from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
 from ._run_options import RunOptions
 
-__all__ = ["CodeSandbox"]
+__all__ = ["CodeSandbox", "SandboxPool"]
 
 logger = logging.getLogger("toolhost.sandbox")
 
@@ -187,6 +187,8 @@ class CodeSandbox:
         task_group: anyio.abc.TaskGroup,
         runtime: CodeRuntime = "default",
         helper: Helper | None = None,
+        pool: SandboxPool | None = None,
+        quiet: bool = False,
     ) -> None:
         self.kind: SandboxKind = kind
         self.runtime: CodeRuntime = runtime
@@ -194,6 +196,10 @@ class CodeSandbox:
         self._tools = tools
         self._call = call
         self._helper = helper
+        self._pool = pool
+        self._quiet = quiet
+        """Starts no guest of its own to run code: says nothing of the guests it boots
+        (the pool's maker; the session adopting one announces it)."""
         self._canonical = canonical
         self._limits = limits
         self._events = events
@@ -325,19 +331,32 @@ class CodeSandbox:
                 "run_code",
                 reason=f"the code sandbox did not start ({type(exc).__name__}): {reason}",
             ) from None
+        if not self._quiet:
+            self._announce(guest)
+        return guest
+
+    def _announce(self, guest: Guest) -> None:
         self.starts += 1
         self._events.emit(
-            "sandbox_started", self._session, sandbox=self.kind, pid=process.pid, restart=self._lost
+            "sandbox_started",
+            self._session,
+            sandbox=self.kind,
+            pid=guest.process.pid,
+            restart=self._lost,
         )
-        return guest
 
     async def _watch(self, guest: Guest) -> None:
         """Drain the guest's stderr (console events, bounded) until it exits."""
         stream = guest.process.stderr
         assert stream is not None
         budget = 1024 * 1024
+
+        def owner() -> CodeSandbox:  # a guest from the pool serves the session adopting it
+            adopted: CodeSandbox | None = guest.owner
+            return self if adopted is None else adopted
+
         # A secret may come in two pieces; the session's tools may set secrets meanwhile.
-        redactor = self._events.redactor_for(self._session).stream()
+        redactor = self._events.redactor_for(owner()._session).stream()
         try:
             with contextlib.suppress(
                 anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
@@ -348,10 +367,11 @@ class CodeSandbox:
                     del guest.stderr_tail[: max(0, len(guest.stderr_tail) - 16384)]
                     if budget > 0:
                         budget -= len(data)
-                        redactor.use(self._events.redactor_for(self._session))
-                        self._console(redactor.feed(data.decode("utf-8", "replace")))
+                        sandbox = owner()
+                        redactor.use(self._events.redactor_for(sandbox._session))
+                        sandbox._console(redactor.feed(data.decode("utf-8", "replace")))
         finally:
-            self._console(redactor.flush())
+            owner()._console(redactor.flush())
             # Also when the host's task group is cancelled: never leave the child running
             # or its pipes to the garbage collector.
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -415,7 +435,16 @@ class CodeSandbox:
                     return spare.guest
                 spare.guest.kill("it died before its first run")
                 spare.guest.close()
-        return await self._start(memory)
+        if self._pool is not None:
+            guest = await self._pool.take(memory)
+            if guest is not None:
+                guest.owner = self
+                self._announce(guest)
+                return guest
+        guest = await self._start(memory)
+        if self._pool is not None:
+            self._pool.fill()  # code mode is in use in this host: keep one booted ahead
+        return guest
 
     # -- runs --------------------------------------------------------------------------
 
@@ -913,3 +942,60 @@ class CodeSandbox:
             lease, self._lease = self._lease, None
             if lease is not None:
                 await lease.release()
+
+
+class SandboxPool:
+    """One sandbox booted ahead for the next session that runs code, so that a new
+    session's first ``run_code`` does not wait for a boot (monty keeps a warm worker the
+    same way). It fills only once code mode is in use in the host (a sandbox was started
+    for some session) and after each guest it hands out. A guest from the pool has never
+    run code; it serves exactly one session, and its console is that session's.
+
+    ``maker`` boots the guests as its spare (:meth:`CodeSandbox.warm`'s way): a quiet
+    :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=0``
+    turns the pool off (to compare)."""
+
+    def __init__(self, maker: CodeSandbox) -> None:
+        self._maker = maker
+        self.handed = 0
+        """Guests handed to sessions."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether a guest is booted and waiting for a session."""
+        spare = self._maker._spare  # pyright: ignore[reportPrivateUsage]
+        return spare is not None and spare.done.is_set() and spare.guest is not None
+
+    def fill(self) -> None:
+        """Boot a guest in the background unless one is booted or booting."""
+        self._maker._prefetch()  # pyright: ignore[reportPrivateUsage]
+
+    async def take(self, memory: int) -> Guest | None:
+        """The guest booted ahead (waiting for its boot if it is under way: that is
+        still sooner than a boot of its own), if it is alive and has ``memory`` as its
+        cap; then the next one boots."""
+        maker = self._maker
+        spare, maker._spare = maker._spare, None  # pyright: ignore[reportPrivateUsage]
+        if spare is None:
+            return None
+        await spare.done.wait()
+        guest = spare.guest
+        self.fill()
+        if guest is None:
+            return None
+        if not guest.alive or guest.memory != memory or guest.has_output():
+            guest.kill("it was not fit to hand out")
+            guest.close()
+            return None
+        self.handed += 1
+        return guest
+
+    async def retool(self, tools: Mapping[str, ToolSpec]) -> None:
+        """New tool files: the guest booted ahead knew the old tools."""
+        booted = self._maker._spare is not None  # pyright: ignore[reportPrivateUsage]
+        await self._maker.retool(tools)
+        if booted:
+            self.fill()
+
+    async def aclose(self) -> None:
+        await self._maker.aclose()

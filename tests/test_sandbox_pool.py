@@ -1,0 +1,115 @@
+"""The host's sandbox pool: one code sandbox booted ahead for the next session.
+
+A real host and real Wasm guests. The pool stays empty until code mode is in use; then a
+new session's first ``run_code`` gets the guest booted ahead: isolated from every other
+session, its console and events its own, and after a reload of the tool files one that
+knows the new tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from host import Host
+
+from .test_wasm import wasm_prepared
+
+pytestmark = [pytest.mark.anyio, pytest.mark.wasm]
+__all__ = ["wasm_prepared"]
+
+TOOLS = {
+    "calc": """
+        def add(a: int, b: int) -> int:
+            '''Add two integers.'''
+            return a + b
+    """
+}
+POLICY = 'version = 1\n[defaults]\nagent = "allow"\n'
+
+
+@pytest.fixture
+def project(make_project: Callable[..., Path], wasm_prepared: Any) -> Path:
+    del wasm_prepared
+    return make_project(tools=TOOLS, policy=POLICY)
+
+
+async def _ready(host: Host) -> None:
+    pool = host.sandbox_pool
+    assert pool is not None
+    with anyio.fail_after(60):
+        while not pool.ready:  # noqa: ASYNC110 - polling a flag, no event exists
+            await anyio.sleep(0.02)
+
+
+async def test_a_new_session_gets_the_sandbox_booted_ahead(project: Path) -> None:
+    async with Host.open(project) as host:
+        pool = host.sandbox_pool
+        assert pool is not None
+        await anyio.sleep(0.2)
+        assert not pool.ready and pool.handed == 0  # no code mode yet: nothing booted
+        first = await host.run_code("secret_of_a = 41\nawait add(1, 1)")
+        assert first.ok and first.value == 2
+        await _ready(host)  # code mode is in use: one booted ahead
+        async with host.session() as other:
+            code = "import os\nos.write(2, b'console of B\\n')\n'secret_of_a' in globals()"
+            result = await other.run_code(code)
+            assert result.ok, result.error
+            assert result.value is False  # a guest of its own: nothing of A's
+            assert pool.handed == 1
+            assert (await other.run_code("await add(2, 3)")).value == 5
+            mine = other.code._guest  # pyright: ignore[reportPrivateUsage]
+            theirs = host.default_session.code._guest  # pyright: ignore[reportPrivateUsage]
+            assert mine is not None and theirs is not None
+            assert mine.process.pid != theirs.process.pid
+            with anyio.fail_after(10):
+                while not any(  # noqa: ASYNC110 - the console arrives on its own pipe
+                    e.kind == "console" and "console of B" in str(e.data.get("data"))
+                    for e in host.events.recent
+                ):
+                    await anyio.sleep(0.02)
+            console = [
+                e
+                for e in host.events.recent
+                if e.kind == "console" and "console of B" in str(e.data.get("data"))
+            ]
+            assert {e.session for e in console} == {other.id}  # the adopting session's
+            started = [e.session for e in host.events.recent if e.kind == "sandbox_started"]
+            assert started.count(other.id) == 1
+            assert "sandbox-pool" not in started
+            await other.run_code("secret_of_b = 1")
+            await _ready(host)  # the next one is booted behind it: never B's again
+            async with host.session() as third:
+                seen = await third.run_code("'secret_of_b' in globals()")
+                assert seen.ok and seen.value is False
+                assert pool.handed == 2
+                guest = third.code._guest  # pyright: ignore[reportPrivateUsage]
+                assert guest is not None and guest.process.pid != mine.process.pid
+
+
+async def test_after_a_reload_the_pool_knows_the_new_tools(project: Path) -> None:
+    async with Host.open(project) as host:
+        assert (await host.run_code("await add(1, 1)")).ok
+        await _ready(host)
+        (project / "tools" / "more.py").write_text(
+            "def shout(word: str) -> str:\n    '''Shout.'''\n    return word.upper()\n"
+        )
+        assert await host.reload_tools()
+        await _ready(host)
+        async with host.session() as other:
+            result = await other.run_code("await shout('a')")
+            assert result.ok and result.value == "A", result.error
+        assert host.sandbox_pool is not None and host.sandbox_pool.handed == 1
+
+
+async def test_the_pool_can_be_turned_off(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLHOST_SANDBOX_POOL", "0")
+    async with Host.open(project) as host:
+        assert host.sandbox_pool is None
+        assert (await host.run_code("await add(1, 1)")).value == 2
+        async with host.session() as other:
+            assert (await other.run_code("await add(1, 2)")).value == 3
