@@ -187,6 +187,7 @@ async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
             b"HOME",
             b"LANG",
             b"PATH",
+            b"TMPDIR",
         ]
         if host.checker.isolated:  # its own network namespace: no network at all
             assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
@@ -195,6 +196,14 @@ async def test_the_checker_is_restarted_and_sees_no_secret(proj: Path) -> None:
         again = await host.run_code("add(1, 2)", check="refuse")
         assert kinds(again) == [(1, 1, "not_awaited")]
         assert host.checker.starts == 2
+        # What pyright leaves in its temporary folder (a killed server never cleans up)
+        # stays in the checker's folder, never in the system's /tmp.
+        root = host.checker._root  # pyright: ignore[reportPrivateUsage]
+        assert root is not None
+        assert f"TMPDIR={root / '.tmp'}".encode() in environ
+        left = sorted(p.name for p in (root / ".tmp").iterdir())
+        assert len([n for n in left if n.startswith(f"pyright-{pid}-")]) == 1, left
+    assert not root.exists()  # the checker's folder goes with the host
 
 
 BOMB = "t0 = (1, 'a')\n" + "".join(f"t{i} = t{i - 1} + t{i - 1}\n" for i in range(1, 40))

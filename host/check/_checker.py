@@ -145,8 +145,17 @@ def check_lines(check: CodeCheck) -> list[str]:
 
 
 def _env(home: Path) -> dict[str, str]:
-    """The server's whole environment: nothing of the host's (no secrets)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    """The server's whole environment: nothing of the host's (no secrets). Its temporary
+    folder is in the checker's own (``.tmp``, which pyright does not analyse): pyright
+    makes a ``pyright-PID-*`` folder there and, killed, never removes it; in the system's
+    it would be left behind by every server, and a crowded ``/tmp`` makes every capsule
+    start slower (a Landlock rule per entry above a project under it)."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "TMPDIR": str(home / ".tmp"),
+    }
 
 
 def _isolated(command: list[str]) -> list[str] | None:
@@ -238,6 +247,7 @@ class CodeChecker:
         if root is None:
             root = self._root = Path(tempfile.mkdtemp(prefix="toolhost-check-"))
         _write(root / "__builtins__.pyi", _stub(self._scope))
+        (root / ".tmp").mkdir(exist_ok=True)
         lib = root / "lib"
         lib.mkdir(exist_ok=True)
         for package in ("host", "capsule"):
