@@ -14,7 +14,8 @@ client). Code mode: a snippet making one and ten ``add`` calls through warm ``ru
 ``LocalPythonExecutor`` (in-process, no isolation). Then new sessions of each: the time to
 the first completed call, and the memory each holds (PSS).
 
-Every process runs on one CPU (``--cpu N``, default 0; ``--cpu -1`` leaves them free), so
+Every process runs on one CPU (``--cpu N``, default the first this process may use;
+``--cpu -1`` leaves them free), so
 no peer gains from the second core. Then what a model reads: the tools/list of a
 generated 100-tool project from ``toolhost serve`` and FastMCP, and in code mode on a
 1,000-tool project (``benchmarks.catalog``; ``--no-lists`` skips it). Last, issue 25's
@@ -462,7 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=8, help="new sessions per peer")
     parser.add_argument("--seed", type=int, default=1, help="seed of the shuffled order")
     parser.add_argument(
-        "--cpu", type=int, default=0, help="the one CPU every process runs on (-1: any)"
+        "--cpu",
+        type=int,
+        default=min(os.sched_getaffinity(0)),
+        help="the one CPU every process runs on (default: the first this process may use; -1: any)",
     )
     parser.add_argument(
         "--no-lists", action="store_true", help="skip the tools/list and code-mode reading"

@@ -72,7 +72,7 @@ def test_quick_run_measures_every_peer() -> None:
     text = peers.report(result)
     assert "issue 25's targets" in text
     assert "| warm run_code, 1 tool call, default settings |" in text
-    assert result["machine"]["cpu"] == [0]  # every process on one CPU
+    assert len(result["machine"]["cpu"]) == 1  # every process on one CPU
 
 
 def test_a_missing_peer_is_skipped_with_a_message() -> None:
