@@ -424,17 +424,29 @@ class CodeSandbox:
             spare.guest.kill("the session is closing")
             spare.guest.close()
 
-    async def _fresh(self, memory: int) -> Guest:
-        """The prefetched sandbox if there is a good one (with the ``memory`` cap), else a
-        new one."""
+    async def _take_spare(self, memory: int) -> Guest | None:
+        """The guest booted ahead (the prefetched one, or the pool's), waiting for its
+        boot if it is under way, if it is alive with the ``memory`` cap; one that is not
+        is killed."""
         spare, self._spare = self._spare, None
-        if spare is not None:
-            await spare.done.wait()
-            if spare.guest is not None:
-                if spare.guest.alive and spare.guest.memory == memory:
-                    return spare.guest
-                spare.guest.kill("it died before its first run")
-                spare.guest.close()
+        if spare is None:
+            return None
+        await spare.done.wait()
+        guest = spare.guest
+        if guest is None:
+            return None
+        if guest.alive and guest.memory == memory:
+            return guest
+        guest.kill("it died before its first run")
+        guest.close()
+        return None
+
+    async def _fresh(self, memory: int) -> Guest:
+        """The prefetched sandbox if there is a good one (with the ``memory`` cap), else
+        the pool's, else a new one."""
+        guest = await self._take_spare(memory)
+        if guest is not None:
+            return guest
         if self._pool is not None:
             guest = await self._pool.take(memory)
             if guest is not None:
@@ -975,16 +987,14 @@ class SandboxPool:
         still sooner than a boot of its own), if it is alive and has ``memory`` as its
         cap; then the next one boots."""
         maker = self._maker
-        spare, maker._spare = maker._spare, None  # pyright: ignore[reportPrivateUsage]
-        if spare is None:
-            return None
-        await spare.done.wait()
-        guest = spare.guest
+        if maker._spare is None:  # pyright: ignore[reportPrivateUsage]
+            return None  # not filled yet: the session boots its own (and then fills)
+        guest = await maker._take_spare(memory)  # pyright: ignore[reportPrivateUsage]
         self.fill()
         if guest is None:
             return None
-        if not guest.alive or guest.memory != memory or guest.has_output():
-            guest.kill("it was not fit to hand out")
+        if guest.has_output():  # it has never run code: it has nothing to say
+            guest.kill("it sent frames before its first run")
             guest.close()
             return None
         self.handed += 1
