@@ -624,8 +624,9 @@ class McpServer:
     async def serve_stdio(self) -> None:
         """Serve one client on this process's stdin and stdout until end of input.
 
-        While it serves, the SDK points file descriptors 0 and 1 elsewhere, so a stray
-        ``print`` cannot break the protocol.
+        While it serves, file descriptors 0 and 1 point elsewhere (``_stdio``; the SDK's
+        transport, with ``TOOLHOST_SDK_STDIO=1``, does the same), so a stray ``print``
+        cannot break the protocol.
         """
         if os.environ.get("TOOLHOST_SDK_STDIO") == "1":  # the SDK's threaded transport
             async with stdio_server() as (read, write):
