@@ -1,4 +1,5 @@
-"""The host's sandbox pool: one code sandbox booted ahead for the next session.
+"""The host's sandbox pool: one code sandbox booted ahead for the next session (on with
+``TOOLHOST_SANDBOX_POOL=1``; off by default).
 
 A real host and real Wasm guests. The pool stays empty until code mode is in use; then a
 new session's first ``run_code`` gets the guest booted ahead: isolated from every other
@@ -33,8 +34,11 @@ POLICY = 'version = 1\n[defaults]\nagent = "allow"\n'
 
 
 @pytest.fixture
-def project(make_project: Callable[..., Path], wasm_prepared: Any) -> Path:
+def project(
+    make_project: Callable[..., Path], wasm_prepared: Any, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     del wasm_prepared
+    monkeypatch.setenv("TOOLHOST_SANDBOX_POOL", "1")  # off by default (Host.sandbox_pool)
     return make_project(tools=TOOLS, policy=POLICY)
 
 
@@ -106,8 +110,8 @@ async def test_after_a_reload_the_pool_knows_the_new_tools(project: Path) -> Non
         assert host.sandbox_pool is not None and host.sandbox_pool.handed == 1
 
 
-async def test_the_pool_can_be_turned_off(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOOLHOST_SANDBOX_POOL", "0")
+async def test_the_pool_is_off_by_default(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOOLHOST_SANDBOX_POOL")
     async with Host.open(project) as host:
         assert host.sandbox_pool is None
         assert (await host.run_code("await add(1, 1)")).value == 2

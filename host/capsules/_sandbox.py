@@ -964,8 +964,8 @@ class SandboxPool:
     run code; it serves exactly one session, and its console is that session's.
 
     ``maker`` boots the guests as its spare (:meth:`CodeSandbox.warm`'s way): a quiet
-    :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=0``
-    turns the pool off (to compare)."""
+    :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=1``
+    turns the pool on (it is off by default: see ``Host.sandbox_pool``)."""
 
     def __init__(self, maker: CodeSandbox) -> None:
         self._maker = maker
