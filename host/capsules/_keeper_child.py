@@ -218,9 +218,10 @@ class _Keeper:
                     os.write(status, f"N{self._no_zygote}\n".encode())
                 os.close(status)
                 return True
+            keeper = os.getpid()  # read before the fork: the child's getppid() may be late
             pid = os.fork()
             if pid == 0:
-                self._child(size, (stdin, stdout, stderr))
+                self._child(keeper, size, (stdin, stdout, stderr))
         except Exception as exc:
             with contextlib.suppress(OSError):
                 os.write(stderr, f"toolhost keeper: cannot start the capsule: {exc}\n".encode())
@@ -243,15 +244,17 @@ class _Keeper:
         forked from."""
         self._buffer[:size] = bytes(size)
 
-    def _child(self, size: int, std: tuple[int, ...]) -> None:
-        """In the forked child: become the capsule. Never returns."""
+    def _child(self, keeper: int, size: int, std: tuple[int, ...]) -> None:
+        """In the forked child of ``keeper`` (this process's pid before the fork): become
+        the capsule. Never returns."""
         try:
             os.setsid()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            keeper = os.getppid()
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != keeper:  # the keeper died before the line above
+            # The keeper may have died at any time since the fork, even before this
+            # process first asked for its parent: compare with the pid read before it.
+            if os.getppid() != keeper:
                 os._exit(1)
             forked = self._buffer.startswith(_FORK)
             request = json.loads(bytes(self._buffer[1 if forked else 0 : size]))

@@ -287,6 +287,7 @@ class SubprocessTransport:
         self._exited = anyio.Event()
         self.serving = anyio.Event()
         self.stderr_tail = bytearray()
+        self._stderr_ended = anyio.Event()
 
     @property
     def report(self) -> LoadReport:
@@ -368,6 +369,7 @@ class SubprocessTransport:
         try:
             await self._drain_stderr()
         finally:
+            self._stderr_ended.set()
             self._flush("stderr")
 
     def _flush(self, stream: str) -> None:
@@ -375,13 +377,17 @@ class SubprocessTransport:
 
     async def _watch(self) -> None:
         await self._process.wait()
+        # Descendants that kept the pipes open must not keep the capsule half-alive, and
+        # a worker whose reaper a tool killed must not live on with the orphans it adopted.
+        self._kill_tree()
+        # What the capsule wrote last before it ended (a Wasm capsule's quota or trap
+        # line) may still be in its stderr pipe: the reason is read once that is drained.
+        with anyio.move_on_after(_EXIT_GRACE):
+            await self._stderr_ended.wait()
         why = self._killed or self.exit_reason()
         if self._connection.dead == CLOSED_OUTPUT:
             self._connection.dead = why  # later calls say why, too
         self._connection.fail_all(why)
-        # Descendants that kept the pipes open must not keep the capsule half-alive, and
-        # a worker whose reaper a tool killed must not live on with the orphans it adopted.
-        self._kill_tree()
         self._gate.flush()
         self._exited.set()
 

@@ -313,9 +313,10 @@ class _Zygote:
             )
             if _threads() != 1:
                 raise RuntimeError("the fork server has threads; it cannot fork safely")
+            server = os.getpid()  # read before the fork: the child's getppid() may be late
             pid = os.fork()
             if pid == 0:
-                self._child(spec, stdin, stdout, stderr, extra)  # never returns
+                self._child(server, spec, stdin, stdout, stderr, extra)  # never returns
         except Exception as exc:
             os.write(stderr, f"toolhost-wasm: the fork server failed: {exc}\n".encode())
         finally:
@@ -331,16 +332,19 @@ class _Zygote:
         self._reap_check()
         return True
 
-    def _child(self, spec: Any, stdin: int, stdout: int, stderr: int, keep: list[int]) -> None:
+    def _child(
+        self, server: int, spec: Any, stdin: int, stdout: int, stderr: int, keep: list[int]
+    ) -> None:
         import signal
 
         try:
             os.setsid()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            parent = os.getppid()
             self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:  # the server died before the line above
+            # The server may have died at any time since the fork, even before this
+            # process first asked for its parent: compare with the pid read before it.
+            if os.getppid() != server:
                 os._exit(1)
             for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
                 os.dup2(fd, target)
@@ -349,7 +353,7 @@ class _Zygote:
                     os.close(fd)
             os.environ.clear()  # the guest gets spec.env only; this process needs nothing
             sys.stdout.flush()
-            code = _run(self._wasm, spec, parent, self.loaded)
+            code = _run(self._wasm, spec, server, self.loaded)
             sys.stderr.flush()
         except BaseException:  # never fall back into the server's loop
             code = 1
