@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from mcp import ClientSession
 from mcp.client.session import ClientRequestContext
 from mcp.shared.memory import create_client_server_memory_streams
 
-from host import Approver, Host
+from host import Approver, Host, Session
 from host.serve import McpServer
 from host.serve._tools import NameStyle
 
@@ -217,15 +218,19 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None
 
 @asynccontextmanager
 async def connect(
-    server: McpServer, recorder: Recorder | None = None, elicitation: bool = True
+    server: McpServer,
+    recorder: Recorder | None = None,
+    elicitation: bool = True,
+    session: Session | None = None,
 ) -> AsyncIterator[ClientSession]:
-    """One in-memory client connection to ``server`` (handshake era)."""
+    """One in-memory client connection to ``server`` (handshake era), in ``session`` if
+    one is given (``serve_streams(session=...)``)."""
     recorder = recorder or Recorder()
     async with (
         create_client_server_memory_streams() as (client_streams, server_streams),
         anyio.create_task_group() as tg,
     ):
-        tg.start_soon(server.serve_streams, *server_streams)
+        tg.start_soon(partial(server.serve_streams, *server_streams, session=session))
         async with ClientSession(*client_streams, **recorder.kwargs(elicitation)) as session:
             await session.initialize()
             yield session

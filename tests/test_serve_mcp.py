@@ -78,6 +78,24 @@ async def test_tools_are_the_declarations(project: Path) -> None:
         assert code.input_schema["required"] == ["code"]
 
 
+async def test_a_connection_given_a_session_runs_in_it_and_leaves_it_open(project: Path) -> None:
+    """``serve_streams(session=...)``: the client's calls share the session's capsule
+    (module state) with the app, and the session outlives the connection; a connection
+    without one gets a session of its own, closed with it."""
+    async with served(project) as server:
+        host = server.host
+        shared = host.default_session
+        async with connect(server, session=shared) as client:
+            assert (await client.call_tool("count", {})).structured_content == {"result": 1}
+            assert await shared.call("count") == 2  # the same capsule, the same module
+        assert await shared.call("count") == 3  # still open after the connection ended
+        async with connect(server) as client:
+            assert (await client.call_tool("count", {})).structured_content == {"result": 1}
+            (own,) = [s for s in host._sessions if s is not shared]  # pyright: ignore[reportPrivateUsage]
+        await wait_for(lambda: own not in host._sessions)  # pyright: ignore[reportPrivateUsage]
+        assert await shared.call("count") == 4
+
+
 async def test_calls_results_and_errors(project: Path) -> None:
     async with served(project) as server, connect(server) as client:
         result = await client.call_tool("add", {"a": 2, "b": 40})

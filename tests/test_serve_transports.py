@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import httpx2
 import mcp.types as types
+import psutil
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -103,6 +104,24 @@ async def test_stdio_client_without_handshake_falls_back(project: Path) -> None:
         first = await client.call_tool("count", {})
         second = await client.call_tool("count", {})
         assert (_structured(first), _structured(second)) == ({"result": 1}, {"result": 2})
+
+
+async def test_stdio_serves_its_one_client_in_the_session_the_host_opened(project: Path) -> None:
+    """A stdio server has one client: its calls run in the host's default session, whose
+    capsule started with the server, not in a second session with a second capsule."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", "from host.cli import main; main()", "serve", "--project", str(project)],
+        cwd=str(ROOT),
+    )
+    async with Client(params) as client:
+        assert _structured(await client.call_tool("count", {})) == {"result": 1}
+        (server,) = [p for p in psutil.Process().children(recursive=True) if "serve" in p.cmdline()]
+        tree = server.children(recursive=True)
+        keepers = [p for p in tree if any("_keeper_child.py" in a for a in p.cmdline())]
+        capsules = [p for p in tree if p.ppid() in {k.pid for k in keepers}]
+        assert len(capsules) == 1, [p.cmdline() for p in tree]
+        assert _structured(await client.call_tool("count", {})) == {"result": 2}
 
 
 # -- streamable HTTP ------------------------------------------------------------------------

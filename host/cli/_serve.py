@@ -66,7 +66,9 @@ async def _serve(args: argparse.Namespace) -> int:
                 host, reload=args.reload, names=args.names, expose=args.expose
             ).running() as server,
         ):
-            await server.serve_stdio()
+            # One client per process: it takes the session the host opened, whose capsule
+            # is already running, instead of a second one.
+            await server.serve_stdio(session=host.default_session)
         return 0
     if args.backend != "asyncio":
         raise UsageError("--transport http runs on asyncio (uvicorn); drop --backend")

@@ -240,7 +240,13 @@ class _Request:
 class _Connection:
     """One client connection: its host session, opened on first use, and its outbox."""
 
-    def __init__(self, server: McpServer, session: ServerSession, can_elicit: bool) -> None:
+    def __init__(
+        self,
+        server: McpServer,
+        session: ServerSession,
+        can_elicit: bool,
+        given: Session | None = None,
+    ) -> None:
         self._server = server
         self.proxy = session
         """The first request's session proxy: it keeps the connection for notifications
@@ -248,6 +254,9 @@ class _Connection:
         self.can_elicit = can_elicit
         self.session: Session | None = None
         self.session_id: str | None = None
+        self._given = given
+        """A session the connection was given (``serve_streams(session=...)``): used, not
+        opened, and left open when the connection ends."""
         self.closed = False
         self.dropped = 0
         self.min_level = 0
@@ -265,7 +274,10 @@ class _Connection:
             if self.session is None:
                 if self.closed:
                     raise HostError("the connection is closed")
-                session = await self._stack.enter_async_context(self._server.host.session())
+                if self._given is not None:
+                    session = self._given
+                else:
+                    session = await self._stack.enter_async_context(self._server.host.session())
                 self.session_id = session.id
                 self._server.bind(self, session.id)
                 self.session = session
@@ -328,6 +340,11 @@ class _Connection:
                 await self._stack.aclose()
         self._server.unbind(self)
 
+
+_GIVEN: Final = "toolhost.session"
+"""The key of the session ``serve_streams(session=...)`` gives its connection, in the
+lifespan state of that connection's serve loop (the one thing per connection the SDK
+hands every handler; a context variable would be the sender's, not the connection's)."""
 
 _REQUEST: ContextVar[_Request | None] = ContextVar("toolhost_mcp_request", default=None)
 """The ``tools/call`` being served: set in its handler, inherited by the tasks it starts
@@ -615,14 +632,27 @@ class McpServer:
         self,
         read: Any,
         write: Any,
+        *,
+        session: Session | None = None,
     ) -> None:
         """Serve one client connection over a pair of streams, until it ends: ``read``
         yields ``SessionMessage | Exception``, ``write`` takes ``SessionMessage`` (anyio
-        memory object streams, or the SDK's own, as ``stdio_server`` gives)."""
-        await serve_loop(self.server, read, write, lifespan_state={}, init_options=self._options())
+        memory object streams, or the SDK's own, as ``stdio_server`` gives).
 
-    async def serve_stdio(self) -> None:
-        """Serve one client on this process's stdin and stdout until end of input.
+        Args:
+            session: the host session the client's calls run in, left open when the
+                connection ends (``toolhost serve`` over stdio gives the host's default
+                session: its one client then needs no second capsule); default: a new
+                session, opened on first use and closed with the connection.
+        """
+        state: dict[str, Any] = {} if session is None else {_GIVEN: session}
+        await serve_loop(
+            self.server, read, write, lifespan_state=state, init_options=self._options()
+        )
+
+    async def serve_stdio(self, *, session: Session | None = None) -> None:
+        """Serve one client on this process's stdin and stdout until end of input, in
+        ``session`` if one is given (as :meth:`serve_streams`).
 
         While it serves, file descriptors 0 and 1 point elsewhere (``_stdio``; the SDK's
         transport, with ``TOOLHOST_SDK_STDIO=1``, does the same), so a stray ``print``
@@ -630,10 +660,10 @@ class McpServer:
         """
         if os.environ.get("TOOLHOST_SDK_STDIO") == "1":  # the SDK's threaded transport
             async with stdio_server() as (read, write):
-                await self.serve_streams(read, write)
+                await self.serve_streams(read, write, session=session)
             return
         async with stdio_streams() as (read, write):
-            await self.serve_streams(read, write)
+            await self.serve_streams(read, write, session=session)
 
     def session_manager(
         self,
@@ -675,7 +705,8 @@ class McpServer:
         can_elicit = session.can_send_request and session.check_client_capability(
             types.ClientCapabilities(elicitation=types.ElicitationCapability())
         )
-        state = _Connection(self, session, can_elicit)
+        given = ctx.lifespan_context.get(_GIVEN)  # serve_streams' own, per connection
+        state = _Connection(self, session, can_elicit, given)
         conn.state["toolhost"] = state
         conn.exit_stack.push_async_callback(state.aclose)
         self._connections.add(state)
