@@ -522,10 +522,9 @@ class Host:
         """The egress proxy, when ``[capsules] network`` names hosts."""
         self.sandbox_pool: SandboxPool | None = None
         """One code sandbox booted ahead for the next session's first ``run_code``, once
-        code mode is in use. Off unless ``TOOLHOST_SANDBOX_POOL=1``: killing the fork
-        server while the pool's guest boots has left guests running for seconds (issue 25's
-        note), so it stays behind the switch until that is understood."""
-        if os.environ.get("TOOLHOST_SANDBOX_POOL") == "1":
+        code mode is in use and the host has more sessions than its default one
+        (:class:`SandboxPool`). ``TOOLHOST_SANDBOX_POOL=0`` turns it off."""
+        if os.environ.get("TOOLHOST_SANDBOX_POOL") != "0":
             maker = CodeSandbox(
                 kind=config.capsules.code,
                 runtime=config.capsules.code_runtime,
@@ -1079,6 +1078,8 @@ class Host:
                 most 64 KiB encoded: who the user is, what the conversation is about.
         """
         session = await self._open_session(id, metadata)
+        if self.sandbox_pool is not None:
+            self.sandbox_pool.more_sessions()
         try:
             yield session
         finally:

@@ -1,10 +1,10 @@
-"""The host's sandbox pool: one code sandbox booted ahead for the next session (on with
-``TOOLHOST_SANDBOX_POOL=1``; off by default).
+"""The host's sandbox pool: one code sandbox booted ahead for the next session (on by
+default; ``TOOLHOST_SANDBOX_POOL=0`` turns it off).
 
-A real host and real Wasm guests. The pool stays empty until code mode is in use; then a
-new session's first ``run_code`` gets the guest booted ahead: isolated from every other
-session, its console and events its own, and after a reload of the tool files one that
-knows the new tools.
+A real host and real Wasm guests. The pool stays empty until code mode is in use and
+the host has a session besides its default one; then a new session's first ``run_code``
+gets the guest booted ahead: isolated from every other session, its console and events
+its own, and after a reload of the tool files one that knows the new tools.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def project(
     make_project: Callable[..., Path], wasm_prepared: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     del wasm_prepared
-    monkeypatch.setenv("TOOLHOST_SANDBOX_POOL", "1")  # off by default (Host.sandbox_pool)
+    monkeypatch.delenv("TOOLHOST_SANDBOX_POOL", raising=False)  # the default: on
     return make_project(tools=TOOLS, policy=POLICY)
 
 
@@ -58,8 +58,10 @@ async def test_a_new_session_gets_the_sandbox_booted_ahead(project: Path) -> Non
         assert not pool.ready and pool.handed == 0  # no code mode yet: nothing booted
         first = await host.run_code("secret_of_a = 41\nawait add(1, 1)")
         assert first.ok and first.value == 2
-        await _ready(host)  # code mode is in use: one booted ahead
+        await anyio.sleep(0.5)
+        assert not pool.ready  # the default session alone: nothing booted for no one
         async with host.session() as other:
+            await _ready(host)  # code mode is in use, a second session: one booted ahead
             code = "import os\nos.write(2, b'console of B\\n')\n'secret_of_a' in globals()"
             result = await other.run_code(code)
             assert result.ok, result.error
@@ -96,8 +98,8 @@ async def test_a_new_session_gets_the_sandbox_booted_ahead(project: Path) -> Non
 
 
 async def test_after_a_reload_the_pool_knows_the_new_tools(project: Path) -> None:
-    async with Host.open(project) as host:
-        assert (await host.run_code("await add(1, 1)")).ok
+    async with Host.open(project) as host, host.session() as first:
+        assert (await first.run_code("await add(1, 1)")).ok
         await _ready(host)
         (project / "tools" / "more.py").write_text(
             "def shout(word: str) -> str:\n    '''Shout.'''\n    return word.upper()\n"
@@ -110,8 +112,22 @@ async def test_after_a_reload_the_pool_knows_the_new_tools(project: Path) -> Non
         assert host.sandbox_pool is not None and host.sandbox_pool.handed == 1
 
 
-async def test_the_pool_is_off_by_default(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TOOLHOST_SANDBOX_POOL")
+async def test_a_host_with_only_its_default_session_boots_none_ahead(project: Path) -> None:
+    """The command line and ``toolhost serve`` over stdio never open a second session:
+    their code sandbox is the only guest, before and after many runs and a reset."""
+    async with Host.open(project) as host:
+        pool = host.sandbox_pool
+        assert pool is not None
+        for n in range(3):
+            assert (await host.run_code(f"await add({n}, 1)")).value == n + 1
+            await host.reset_code()
+        await anyio.sleep(1)
+        assert not pool.ready and pool.handed == 0
+        assert "sandbox-pool" not in {e.session for e in host.events.recent}
+
+
+async def test_the_pool_can_be_turned_off(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLHOST_SANDBOX_POOL", "0")
     async with Host.open(project) as host:
         assert host.sandbox_pool is None
         assert (await host.run_code("await add(1, 1)")).value == 2

@@ -960,17 +960,31 @@ class SandboxPool:
     """One sandbox booted ahead for the next session that runs code, so that a new
     session's first ``run_code`` does not wait for a boot (monty keeps a warm worker the
     same way). It fills only once code mode is in use in the host (a sandbox was started
-    for some session) and after each guest it hands out. A guest from the pool has never
-    run code; it serves exactly one session, and its console is that session's.
+    for some session) and the host has opened a session besides its default one (a host
+    that only ever has its default session, as the command line and ``toolhost serve``
+    over stdio, would keep a guest booted for no one), and after each guest it hands
+    out. A guest from the pool has never run code; it serves exactly one session, and
+    its console is that session's.
 
     ``maker`` boots the guests as its spare (:meth:`CodeSandbox.warm`'s way): a quiet
-    :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=1``
-    turns the pool on (it is off by default: see ``Host.sandbox_pool``)."""
+    :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=0``
+    turns the pool off (see ``Host.sandbox_pool``)."""
 
     def __init__(self, maker: CodeSandbox) -> None:
         self._maker = maker
         self.handed = 0
         """Guests handed to sessions."""
+        self._in_use = False
+        """Whether code mode is in use in the host (some session started a sandbox)."""
+        self._sessions = False
+        """Whether the host opened a session besides its default one."""
+
+    def more_sessions(self) -> None:
+        """The host opened a session besides its default one: the pool is worth its
+        guest from now on (booted at once if code mode is in use already)."""
+        self._sessions = True
+        if self._in_use:
+            self.fill()
 
     @property
     def ready(self) -> bool:
@@ -979,8 +993,11 @@ class SandboxPool:
         return spare is not None and spare.done.is_set() and spare.guest is not None
 
     def fill(self) -> None:
-        """Boot a guest in the background unless one is booted or booting."""
-        self._maker._prefetch()  # pyright: ignore[reportPrivateUsage]
+        """Code mode is in use: boot a guest in the background unless one is booted or
+        booting (or the host has no session but its default one yet)."""
+        self._in_use = True
+        if self._sessions:
+            self._maker._prefetch()  # pyright: ignore[reportPrivateUsage]
 
     async def take(self, memory: int) -> Guest | None:
         """The guest booted ahead (waiting for its boot if it is under way: that is
