@@ -55,7 +55,7 @@ from .capsules import (
     read_options,
     tool_capsules,
 )
-from .check import CodeChecker, bound_names, merged, refusal
+from .check import CodeChecker, bound_names, merged, parse, refusal
 from .declare import (
     Discovery,
     Project,
@@ -388,8 +388,9 @@ class Session:
                 )
             )
 
+        tree = parse(source)  # once: the quick checks and bound_names read it
         quick = (
-            self._host.checker.quick(source, known=known, modules=modules) if mode != "off" else []
+            self._host.checker.quick(tree, known=known, modules=modules) if mode != "off" else []
         )
         if mode == "refuse":  # the full check, so a refusal says all that is wrong
             self.code.warm()  # a sandbox boots while the code is checked
@@ -422,7 +423,7 @@ class Session:
             result.error is not None and LOST in result.error.message
         ):
             self._known.clear()  # the sandbox was replaced: its variables are gone
-        self._known.update(bound_names(source))  # a failed run may have bound some
+        self._known.update(bound_names(tree))  # a failed run may have bound some
         self._known.update(options.globals or ())
         if checked:
             result = result.model_copy(update={"check": checked[0]})

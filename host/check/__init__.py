@@ -15,5 +15,6 @@ from ._checker import bound_names as bound_names
 from ._checker import check_lines as check_lines
 from ._checker import merged as merged
 from ._checker import refusal as refusal
+from ._quick import parse as parse
 
-__all__ = ["CodeChecker", "bound_names", "check_lines", "merged", "refusal"]
+__all__ = ["CodeChecker", "bound_names", "check_lines", "merged", "parse", "refusal"]

@@ -46,7 +46,7 @@ from host.capsules import CodeCheck, CodeDiagnostic, CodeError
 from host.declare import HELPERS_PYI, Scope, ToolSpec
 
 from ._langserver import LangServer, ServerGone, server_command
-from ._quick import Signature, quick_check, signatures, stub_names
+from ._quick import Signature, parse, quick_check, signatures, stub_names
 
 __all__ = ["CodeChecker", "bound_names", "check_lines", "merged", "refusal"]
 
@@ -82,11 +82,11 @@ Lane = Literal["shared", "alone"]
 Status = Literal["clean", "errors", "unavailable"]
 
 
-def bound_names(source: str) -> set[str]:
-    """The names a run's top level binds (read with ``ast``; nothing runs)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+def bound_names(source: str | ast.Module | None) -> set[str]:
+    """The names a run's top level binds (read with ``ast``; nothing runs), from its
+    code or its tree (``parse``; ``None``: it does not parse, so none)."""
+    tree = parse(source) if isinstance(source, str) else source
+    if tree is None:
         return set()
     names: set[str] = set()
 
@@ -222,9 +222,14 @@ class CodeChecker:
                 self._tg.start_soon(server.kill)
 
     def quick(
-        self, source: str, *, known: Iterable[str] = (), modules: Iterable[str] = ()
+        self,
+        source: str | ast.Module | None,
+        *,
+        known: Iterable[str] = (),
+        modules: Iterable[str] = (),
     ) -> list[CodeDiagnostic]:
-        """The quick checks (``_quick``): microseconds, no language server."""
+        """The quick checks (``_quick``) of the code or its tree: microseconds, no
+        language server."""
         if self._stub is None:
             self._stub = frozenset(stub_names(_stub(self._scope)))
         return quick_check(source, self._signatures, (*known, *modules), self._stub)

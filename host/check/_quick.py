@@ -28,7 +28,7 @@ from typing import Final
 from host.capsules import CodeDiagnostic
 from host.declare import ToolSpec
 
-__all__ = ["Signature", "quick_check", "signatures", "stub_names"]
+__all__ = ["Signature", "parse", "quick_check", "signatures", "stub_names"]
 
 _DYNAMIC: Final = frozenset({"globals", "locals", "vars", "exec", "eval", "__import__"})
 """Calls that can bind names the syntax tree does not show."""
@@ -97,19 +97,28 @@ def _defined(node: ast.stmt) -> set[str]:
     return found
 
 
+def parse(source: str) -> ast.Module | None:
+    """``source``'s syntax tree, or ``None`` where it is not Python (a syntax error, a
+    null character): parsed once per run, read by the quick checks and ``bound_names``
+    (which never change it)."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def quick_check(
-    source: str,
+    source: str | ast.Module | None,
     tools: Mapping[str, Signature],
     known: Iterable[str] = (),
     stub: Iterable[str] = (),
 ) -> list[CodeDiagnostic]:
-    """What the quick checks find in ``source`` (none if it does not parse: the full
-    check or the run says so). ``tools``: signatures by call name (``signatures``);
-    ``known``: names earlier runs bound and the run's globals; ``stub``: the names of the
-    declarations' stub (``stub_names``)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    """What the quick checks find in ``source``, the code or its tree (:func:`parse`;
+    none if it does not parse: the full check or the run says so). ``tools``: signatures
+    by call name (``signatures``); ``known``: names earlier runs bound and the run's
+    globals; ``stub``: the names of the declarations' stub (``stub_names``)."""
+    tree = parse(source) if isinstance(source, str) else source
+    if tree is None:
         return []
     nodes, parents = _walk(tree)
     bound = _bound(nodes)
