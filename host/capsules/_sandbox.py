@@ -10,14 +10,15 @@ everything from the frame alone: the tool name is looked up, the arguments are b
 checked, and nothing the sandbox claims (who it is, what was approved) counts.
 
 Limits (``[limits]``), each enforced here, whatever the guest does or claims:
-``code_timeout`` is counted by :meth:`CodeSandbox._clock`: wall time while no tool call is
-in flight, and the guest's own CPU time (``_cpu.py``) while one is, so waiting on tools
-and approvals does not count but computing always does. ``code_max_calls`` is counted
-here. ``code_memory`` caps the guest's memory (the store's limit; RLIMIT_AS in the
-fallback). ``code_max_output`` caps captured output and the run's value (``check_done``).
-A run that hits one fails with ``LimitExceeded`` naming it; the guest is killed (never
-abandoned), the calls it had in flight are cancelled, and the next run is told its
-variables were lost. The source itself may take ``max_argument_size`` bytes.
+``code_timeout`` is counted by :meth:`CodeSandbox._guard` (one task per guest): wall time
+while no tool call is in flight, and the guest's own CPU time (``_cpu.py``) while one is,
+so waiting on tools and approvals does not count but computing always does.
+``code_max_calls`` is counted here. ``code_memory`` caps the guest's memory (the store's
+limit; RLIMIT_AS in the fallback). ``code_max_output`` caps captured output and the run's
+value (``check_done``). A run that hits one fails with ``LimitExceeded`` naming it; the
+guest is killed (never abandoned), the calls it had in flight are cancelled, and the next
+run is told its variables were lost. The source itself may take ``max_argument_size``
+bytes.
 
 The guest is treated as hostile: agent code can write to the protocol pipe itself. Every
 frame is checked here (types, ids, sizes); one that breaks the rules ends the run with a
@@ -82,8 +83,14 @@ Helper = Callable[[str, list[Any], dict[str, Any]], Any]
 _CAPSULE_PARENT = str(Path(__file__).resolve().parents[2])
 _GUEST_MAIN = "from capsule._guest import main; main()"
 _TICK = 0.05
+"""Seconds between two looks at a run's time (and, for :data:`_LINGER` after one, at
+whether the next has begun)."""
 _IDLE_TICK = 0.5
-"""Seconds between two looks at the guest's CPU time between runs."""
+"""Seconds between two looks at the guest's CPU time between runs, once it is quiet."""
+_LINGER = 1.0
+"""Seconds after a run during which the guest's guard keeps ticking at :data:`_TICK`, so
+that a run soon after it is seen on time without waking the guard (a wake costs a task
+switch per run; code run back to back pays none)."""
 _WARM_UP = 5.0
 """CPU seconds a guest may use between runs on top of ``code_timeout``: its imports while
 idle (``asyncio`` takes about half a second in the unoptimised build)."""
@@ -107,6 +114,8 @@ class _Spare:
 
 _CallRecord = tuple[str, Literal["allow", "deny", "escalate"] | None, bool, str | None]
 """A :class:`CodeCall`'s fields: tool, decision, ok, error."""
+_Pending = tuple[anyio.CancelScope, int, int, str, list[Any], dict[str, Any]]
+"""A call waiting for a task of its own: scope, slot, call id, tool, args, kwargs."""
 
 
 class _Run:
@@ -127,6 +136,8 @@ class _Run:
         """The files the run's calls returned (the code saw their values only)."""
         self.stop: anyio.CancelScope | None = None
         """Cancels everything the run is doing on the host's side (its calls too)."""
+        self.started = 0.0
+        """When the run began, on the event loop's clock (set as it starts)."""
 
     def records(self) -> list[CodeCall]:
         """The calls as the result shows them, built once per distinct call (frozen)."""
@@ -214,7 +225,11 @@ class CodeSandbox:
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
         self._idle: tuple[Guest, anyio.CancelScope] | None = None
-        """The current guest and the scope of its watch between runs (one per guest)."""
+        """The current guest and the scope of its guard (:meth:`_guard`; one per guest)."""
+        self._current: _Run | None = None
+        """The run in progress, for the guard of the guest running it."""
+        self._wake: anyio.Event | None = None
+        """Set by a run's start to wake the guard from a quiet tick (:data:`_IDLE_TICK`)."""
         self._lost_why: str | None = None
         """Why the sandbox was replaced between runs, when the host knows."""
         self._unsubscribe = events.subscribe(self._on_event, ("policy_decision",))
@@ -390,7 +405,7 @@ class CodeSandbox:
             )
 
     async def _discard(self, reason: str) -> None:
-        self._stop_idle_watch()
+        self._stop_guard()
         guest, self._guest = self._guest, None
         if guest is None:
             return
@@ -512,6 +527,12 @@ class CodeSandbox:
                 rearm_cpu_limit(guest.process.pid, self._cpu_backstop())
             self._runs += 1
             run = _Run(self._runs)
+            run.started = anyio.current_time()
+            self._guard_guest(guest)
+            self._current = run
+            wake = self._wake
+            if wake is not None:  # the guard is in a quiet tick: it must count from now
+                wake.set()
             try:
                 await guest.send({"k": p.K_RUN, "id": run.id, "source": source, **options.frame()})
                 await self._drive(guest, run)
@@ -531,10 +552,9 @@ class CodeSandbox:
                     type="HostError",
                     message=f"the host failed while serving the run ({type(exc).__name__}); {LOST}",
                 )
-            result = await self._finish(guest, run, warnings)
-            if self._guest is guest and guest.alive:
-                self._watch_idle(guest)
-            return result
+            finally:
+                self._current = None
+            return await self._finish(guest, run, warnings)
 
     def refusal(self, source: str, options: RunOptions) -> CodeError | None:
         """Why :meth:`run` would refuse ``source`` at once (not Unicode, too big), if it
@@ -629,24 +649,41 @@ class CodeSandbox:
 
     async def _drive(self, guest: Guest, run: _Run) -> None:
         """Serve the run's tool calls until it is done, fails, or hits a limit; then
-        cancel whatever of it is still in flight (each call records that it was)."""
+        cancel whatever of it is still in flight (each call records that it was).
+
+        The guest's guard (:meth:`_guard`) counts the run's time and cancels ``run.stop``
+        at ``code_timeout``. A task group is entered only once the code makes a call
+        the loop cannot make itself (one that runs beside others, or that the guest does
+        not wait for): most runs make their calls one at a time and need none."""
         broken: Exception | None = None
-        async with anyio.create_task_group() as tg:
-            run.stop = tg.cancel_scope
-            tg.start_soon(self._clock, guest, run)
+        with anyio.CancelScope() as stop:
+            run.stop = stop
             try:
-                await self._serve(guest, run, tg)
-            except Exception as exc:  # raised outside the group, not wrapped in one
+                first = await self._serve(guest, run, None)
+            except Exception as exc:
                 broken = exc
-            tg.cancel_scope.cancel()
+                first = None
+            if first is not None:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._tool_call, guest, run, *first)
+                    try:
+                        await self._serve(guest, run, tg)
+                    except Exception as exc:  # raised outside the group, not wrapped in one
+                        broken = exc
+                    tg.cancel_scope.cancel()
         if broken is not None:
             raise broken
 
-    async def _serve(self, guest: Guest, run: _Run, tg: anyio.abc.TaskGroup) -> None:
+    async def _serve(
+        self, guest: Guest, run: _Run, tg: anyio.abc.TaskGroup | None
+    ) -> _Pending | None:
+        """Read the guest's frames until the run ends (None), or, without a task group
+        (``tg``), until a call needs a task of its own: that call's arguments to
+        :meth:`_tool_call`, its scope already registered."""
         while True:
             msg = await guest.next()
             if msg is None or run.failure is not None:
-                break
+                return None
             kind = msg.get("k")
             if kind == p.K_USE:
                 call_id, tool, args, kwargs = self._check_use(msg, run)
@@ -657,7 +694,7 @@ class CodeSandbox:
                         f"the code made more than {self._limits.code_max_calls} tool calls",
                     )
                     guest.kill("too many tool calls")
-                    break
+                    return None
                 if tool in HELPERS:  # not a tool: answered from the declarations
                     await self._answer_helper(guest, call_id, tool, args, kwargs)
                     continue
@@ -673,9 +710,10 @@ class CodeSandbox:
                 else:
                     scope = anyio.CancelScope()
                     run.scopes[call_id] = scope
-                    tg.start_soon(
-                        self._tool_call, guest, run, scope, slot, call_id, tool, args, kwargs
-                    )
+                    pending = (scope, slot, call_id, tool, args, kwargs)
+                    if tg is None:
+                        return pending
+                    tg.start_soon(self._tool_call, guest, run, *pending)
             elif kind == p.K_DROP:
                 call_id = msg.get("id")
                 if type(call_id) is not int:
@@ -685,7 +723,7 @@ class CodeSandbox:
                     scope.cancel()
             elif kind == p.K_DONE:
                 run.done = check_done(msg, run.id, self._limits.code_max_output)
-                break
+                return None
             else:
                 raise p.BadFrame(f"unexpected frame {kind!r} from the sandbox")
 
@@ -713,39 +751,6 @@ class CodeSandbox:
                 p.check_plain(kwargs)
                 break
         return call_id, tool, args, kwargs  # pyright: ignore[reportUnknownVariableType]
-
-    async def _clock(self, guest: Guest, run: _Run) -> None:
-        """Count the run's time and stop it at ``code_timeout``: wall time while no call
-        is in flight, the guest's own CPU time while one is (computing meanwhile counts;
-        waiting does not). Where the CPU time cannot be read, wall time counts."""
-        budget = self._limits.code_timeout
-        meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
-        used = 0.0
-        last = anyio.current_time()
-        last_cpu: float | None = None  # read from the first tick on: most runs end before
-        while True:
-            await anyio.sleep(_TICK)
-            now = anyio.current_time()
-            cpu = meter.read()
-            wall = now - last
-            if cpu is None or last_cpu is None:
-                spent = wall
-            else:
-                spent = max(0.0, cpu - last_cpu)
-                if run.inflight == 0:
-                    spent = max(spent, wall)
-            used += spent
-            last, last_cpu = now, cpu
-            if used > budget:
-                run.failure = limit_error(
-                    "code_timeout",
-                    f"the code ran for more than {budget:g} s of sandbox time "
-                    "(the guest's own time; waiting on tools does not count)",
-                )
-                guest.kill("code_timeout")
-                if run.stop is not None:
-                    run.stop.cancel()  # the calls still in flight: cut short, recorded
-                return
 
     async def _tool_call(
         self,
@@ -833,48 +838,108 @@ class CodeSandbox:
 
     # -- between runs ------------------------------------------------------------------
 
-    def _watch_idle(self, guest: Guest) -> None:
-        """Watch ``guest`` between its runs from now on (once per guest)."""
+    def _guard_guest(self, guest: Guest) -> None:
+        """Watch ``guest`` (its runs' time, and between them) from now on (once per guest)."""
         if self._idle is not None and self._idle[0] is guest:
             return
-        self._stop_idle_watch()
+        self._stop_guard()
         scope = anyio.CancelScope()
         self._idle = (guest, scope)
-        self._tg.start_soon(self._idle_watch, guest, scope)
+        self._tg.start_soon(self._guard, guest, scope)
 
-    def _stop_idle_watch(self) -> None:
+    def _stop_guard(self) -> None:
         idle, self._idle = self._idle, None
         if idle is not None:
             idle[1].cancel()
 
-    async def _idle_watch(self, guest: Guest, scope: anyio.CancelScope) -> None:
-        """Between runs the guest has nothing to compute but its idle imports: one that
+    async def _guard(self, guest: Guest, scope: anyio.CancelScope) -> None:
+        """Count the time of ``guest``'s runs, and watch it between them (one task per
+        guest, not one per run).
+
+        A run is stopped at ``code_timeout``: wall time counts while no call is in
+        flight, the guest's own CPU time while one is (computing meanwhile counts;
+        waiting does not); where the CPU time cannot be read, wall time counts. It is
+        first seen at most a tick after it began (:data:`_TICK` for :data:`_LINGER` after
+        a run, else a run's start wakes the guard), and counted from its start.
+
+        Between runs the guest has nothing to compute but its idle imports: one that
         keeps computing (code still at work after a ``done`` frame it forged) is killed
         once it has used ``code_timeout`` plus :data:`_WARM_UP` seconds of CPU in one
         idle period (counted from the first look after a run, at most a tick late)."""
-        budget = self._limits.code_timeout + _WARM_UP
+        timeout = self._limits.code_timeout
+        idle_budget = timeout + _WARM_UP
         meter = CpuMeter(guest.process.pid, tree=self.kind == "subprocess")
-        period = -1
+        proc = True  # whether the guest's CPU time can be read (the idle check only if so)
+        seen: _Run | None = None  # the run being counted
+        used = last = 0.0
+        last_cpu: float | None = None
+        period = -1  # the idle period being counted (the number of runs before it)
         start = 0.0
+        quiet_from = anyio.current_time() + _LINGER  # when the ticks slow down
         with scope:
             while guest.alive:
-                await anyio.sleep(_IDLE_TICK)
-                if self._lock.locked():  # a run (whose clock counts), or a replacement
+                run = self._current
+                if run is None and anyio.current_time() >= quiet_from:
+                    wake = self._wake = anyio.Event()
+                    try:
+                        with anyio.move_on_after(_IDLE_TICK):
+                            await wake.wait()
+                    finally:
+                        if self._wake is wake:
+                            self._wake = None
+                else:
+                    await anyio.sleep(_TICK)
+                if not guest.alive:
+                    return
+                run = self._current
+                now = anyio.current_time()
+                if run is not None:  # a run of this guest (the lock allows one at a time)
+                    period = -1
+                    quiet_from = now + _LINGER
+                    cpu = meter.read()
+                    if run is not seen:  # its first look: wall time from its start
+                        seen, used = run, now - run.started
+                    elif cpu is None or last_cpu is None:
+                        used += now - last
+                    else:
+                        spent = max(0.0, cpu - last_cpu)
+                        if run.inflight == 0:
+                            spent = max(spent, now - last)
+                        used += spent
+                    last, last_cpu = now, cpu
+                    if used > timeout:
+                        self._time_out(guest, run, timeout)
+                    continue
+                if not proc or self._lock.locked():  # a replacement, or a run's very end
                     period = -1
                     continue
-                used = meter.read()
-                if used is None:
-                    return  # no /proc here: the next run's clock is the only one
-                if period != self._runs:  # a new idle period: it counts from here
-                    period, start = self._runs, used
+                cpu = meter.read()
+                if cpu is None:
+                    proc = False  # no /proc here: only the runs' clock counts
                     continue
-                if used - start > budget and guest.alive:
+                if period != self._runs:  # a new idle period: it counts from here
+                    period, start = self._runs, cpu
+                    continue
+                if cpu - start > idle_budget and guest.alive:
                     self._lost_why = (
-                        f"it kept computing after its run had ended ({budget:g} s of CPU time)"
+                        f"it kept computing after its run had ended ({idle_budget:g} s of CPU time)"
                     )
                     self._events.emit("sandbox_reset", self._session, reason=self._lost_why)
                     guest.kill(self._lost_why)
                     return
+
+    @staticmethod
+    def _time_out(guest: Guest, run: _Run, timeout: float) -> None:
+        """Stop ``run`` at ``code_timeout``: kill its guest, cut its calls short."""
+        if run.failure is None:
+            run.failure = limit_error(
+                "code_timeout",
+                f"the code ran for more than {timeout:g} s of sandbox time "
+                "(the guest's own time; waiting on tools does not count)",
+            )
+        guest.kill("code_timeout")
+        if run.stop is not None:
+            run.stop.cancel()  # the calls still in flight: cut short, recorded
 
     async def retool(self, tools: Mapping[str, ToolSpec]) -> None:
         """Serve new tool files: the sandbox (and its spare) is replaced; the next run
@@ -912,7 +977,7 @@ class CodeSandbox:
         spare, self._spare = self._spare, None
         if guest is None and spare is None:
             return False
-        self._stop_idle_watch()
+        self._stop_guard()
         if guest is not None:
             self._lost = True
             self._lost_why = reason

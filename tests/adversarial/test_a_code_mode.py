@@ -18,6 +18,7 @@ import anyio
 import psutil
 import pytest
 
+import host.capsules._sandbox as sandbox_module
 from host import Host
 from tests.fixtures.e2e.helpers import wait_gone, wait_until
 from tests.test_wasm import wasm_data_prepared, wasm_prepared
@@ -102,6 +103,87 @@ async def test_computing_while_a_call_is_pending_counts(
         assert ok(await host.run_code("'x' in globals()")) is False  # a fresh sandbox
         assert ok(await host.run_code("await add(2, 3)")) == 5
         assert await host.call("add", 1, 1) == 2  # the tool capsule serves on
+
+
+# -- the run's clock is its guest's guard: one task per guest, on time after a pause -------
+
+GUARDS = ["lingering", "quiet"]
+"""The guard of a guest still ticking fast after its last run, and one gone quiet (after
+``_LINGER``; here at once), which a run's start must wake."""
+
+
+def set_guard(monkeypatch: pytest.MonkeyPatch, guard: str) -> None:
+    if guard == "quiet":
+        monkeypatch.setattr(sandbox_module, "_LINGER", 0.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("guard", GUARDS)
+async def test_a_run_is_counted_from_its_start_whatever_its_guard_was_doing(
+    make_project: MakeProject,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    guard: str,
+) -> None:
+    """Waiting on a tool longer than ``code_timeout`` does not count, even when the run
+    begins while its guard sleeps a quiet tick (longer than the limit here): the run's
+    start wakes it, else its first look would count the wait as computing. A spin is
+    still stopped."""
+    set_guard(monkeypatch, guard)
+    proj = project(make_project, kind, request)
+    async with Host.open(proj, limits={"code_timeout": "0.4s"}) as host:
+        assert ok(await host.run_code("x = 1")) is None
+        await anyio.sleep(0.1)  # the guard is past the run's end
+        assert ok(await host.run_code("await slow(1.0)")) == 1.0
+        assert ok(await host.run_code("x")) == 1  # the same sandbox
+        with anyio.fail_after(30):
+            result = await host.run_code("while True:\n    pass")
+        assert result.error is not None
+        assert (result.error.kind, result.error.limit) == ("limit_exceeded", "code_timeout")
+        assert ok(await host.run_code("await add(2, 3)")) == 5
+
+
+WAIT_AND_SPIN = """
+    import sys
+    sb = sys.modules["capsule._guest"]._SANDBOX
+    sb.send({{"k": "use", "id": 99, "run": sb._run, "tool": "gate", "args": [{path!r}],
+             "kwargs": {{}}, "wait": True}})
+    while True:
+        pass
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("guard", GUARDS)
+async def test_a_call_the_guest_says_it_waits_for_while_it_computes(
+    make_project: MakeProject,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    kind: str,
+    guard: str,
+) -> None:
+    """A ``use`` frame saying ``wait`` is made by the host's read loop itself, with no
+    task of its own; a guest that says so and computes anyway is still stopped at
+    ``code_timeout``, and the call it made is cut short and recorded."""
+    set_guard(monkeypatch, guard)
+    proj = project(make_project, kind, request)
+    door = tmp_path / "door"
+    async with Host.open(proj, limits={"code_timeout": "1s"}) as host:
+        assert ok(await host.run_code("x = 1")) is None
+        pid = guest_pid(host)
+        try:
+            with anyio.fail_after(20):  # the gate opens only after the run
+                result = await host.run_code(textwrap.dedent(WAIT_AND_SPIN.format(path=str(door))))
+        finally:
+            door.touch()
+        assert result.error is not None
+        assert (result.error.kind, result.error.limit) == ("limit_exceeded", "code_timeout")
+        assert calls_of(result) == [("gate", "allow", False, "cancelled")]
+        await wait_gone([pid], timeout=10)
+        assert ok(await host.run_code("'x' in globals()")) is False  # a fresh sandbox
+        assert ok(await host.run_code("await add(2, 3)")) == 5
 
 
 # -- finding 8: the result lists every call that was made, whatever stopped the run -------
