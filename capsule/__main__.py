@@ -360,19 +360,32 @@ def become_subreaper() -> None:
 def main() -> None:
     settings, lifelines = _settings()
     undumpable(settings)
+    parent = None
     if sys.platform != "wasi" and hasattr(os, "fork"):
         become_subreaper()
+        parent = os.getpid()  # the reaper, read before the fork: the worker's getppid()
+        # may be late (its reaper already dead, and the worker adopted)
         worker = os.fork()  # before any thread starts: forking is safe here
         if worker:
             _reap(worker, lifelines)
         become_subreaper()  # not inherited across fork
-    work(settings, lifelines)
+    work(settings, lifelines, parent=parent)
 
 
-def work(settings: dict[str, Any], lifelines: list[int], *, keeper_is_parent: bool = False) -> None:
+def work(
+    settings: dict[str, Any],
+    lifelines: list[int],
+    *,
+    parent: int | None = None,
+    keeper_is_parent: bool = False,
+) -> None:
     """The worker's life: give up privileges, confine, load the tools, serve until the
     host closes the pipe. Also the entry of a capsule forked from the host's zygote
-    (``capsule/_zygote.py``), which has no reaper of its own: the keeper is its parent."""
+    (``capsule/_zygote.py``), which has no reaper of its own: the keeper is its parent
+    (checked before this is called, and watched by its pidfd).
+
+    ``parent`` is the pid of the process that forked this one, read before the fork
+    (None: whoever is its parent now); the worker ends itself once that is gone."""
     _leave_network(settings)  # before the capabilities it brings are dropped
     drop_privileges("capsule")
     _confine(settings)  # before any thread: a thread started earlier would stay outside
@@ -384,7 +397,7 @@ def work(settings: dict[str, Any], lifelines: list[int], *, keeper_is_parent: bo
         threading.Thread(target=console.forward, daemon=True, name="console").start()
         threading.Thread(
             target=_lifeline,
-            args=(os.getppid(), lifelines, keeper_is_parent),
+            args=(os.getppid() if parent is None else parent, lifelines, keeper_is_parent),
             daemon=True,
             name="lifeline",
         ).start()
