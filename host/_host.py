@@ -39,6 +39,7 @@ from ._tracing import Tracing
 from .audit import JournaledStore, Store, StoreUnavailable, store_for
 from .capsules import (
     LOST,
+    CapsulePool,
     CodeCheck,
     CodeError,
     CodeResult,
@@ -48,6 +49,7 @@ from .capsules import (
     SandboxPool,
     Supervisor,
     TransportFactory,
+    capsule_pool_wanted,
     check_interpreter,
     containment,
     minimal_env,
@@ -521,6 +523,11 @@ class Host:
         self._watch_policy = watch_policy
         self.egress: EgressProxy | None = None
         """The egress proxy, when ``[capsules] network`` names hosts."""
+        self.capsule_pool: CapsulePool | None = None
+        """One tool capsule process started ahead (hardened, confined, waiting for its
+        tool files) for the next session's capsule, once the host has more sessions than
+        its default one; with the default capsules only (:class:`CapsulePool`).
+        ``TOOLHOST_CAPSULE_POOL=0`` turns it off."""
         self.sandbox_pool: SandboxPool | None = None
         """One code sandbox booted ahead for the next session's first ``run_code``, once
         code mode is in use and the host has more sessions than its default one
@@ -648,6 +655,7 @@ class Host:
                 if capsule is None and config.capsules.network_hosts():
                     egress = EgressProxy(config.capsules.network_hosts())
                     await egress.start(tg)
+                pool = CapsulePool() if capsule is None and capsule_pool_wanted() else None
                 host = cls(
                     resolved,
                     discovery,
@@ -657,6 +665,7 @@ class Host:
                         config.capsules,
                         resolved.root,
                         egress_port=egress.port if egress is not None else None,
+                        pool=pool,
                     ),
                     tg,
                     store=store,
@@ -667,6 +676,7 @@ class Host:
                 )
                 host.mediator.hooks.set_files(project_hooks)
                 host.custom_capsules = capsule is not None
+                host.capsule_pool = pool
                 if egress is not None:
                     egress.events = host.events
                     host.egress = egress
@@ -959,6 +969,8 @@ class Host:
         return tuple(sorted(kinds)) or ("subprocess",)
 
     async def _close(self) -> None:
+        if self.capsule_pool is not None:
+            await self.capsule_pool.aclose()
         if self.sandbox_pool is not None:
             await self.sandbox_pool.aclose()
         sessions, self._sessions = list(self._sessions), set()
@@ -1079,12 +1091,16 @@ class Host:
                 most 64 KiB encoded: who the user is, what the conversation is about.
         """
         session = await self._open_session(id, metadata)
+        if self.capsule_pool is not None:
+            self.capsule_pool.more_sessions()
         if self.sandbox_pool is not None:
             self.sandbox_pool.more_sessions()
         try:
             yield session
         finally:
             self._sessions.discard(session)
+            if self.capsule_pool is not None and not self._sessions - {self._default}:
+                self.capsule_pool.no_more_sessions()  # the last one besides the default
             with anyio.CancelScope(shield=True):
                 try:
                     await session.code.aclose()

@@ -15,6 +15,8 @@ capsule is told what to run, it never decides. ``_wasm_child.py`` runs by path i
 process and imports nothing of the host. What other wings may use is listed below.
 """
 
+from ._capsule_pool import CapsulePool as CapsulePool
+from ._capsule_pool import wanted as capsule_pool_wanted
 from ._code_results import LOST as LOST
 from ._code_results import CodeCall as CodeCall
 from ._code_results import CodeCheck as CodeCheck
@@ -67,6 +69,8 @@ __all__ = [
     "proxy_env",
     "CodeSandbox",
     "SandboxPool",
+    "CapsulePool",
+    "capsule_pool_wanted",
     "check_interpreter",
     "Supervisor",
     "ContextFailure",

@@ -39,6 +39,7 @@ from host.errors import CapsuleCrashed
 from host.trust import key_path
 
 from . import _keeper
+from ._capsule_pool import CapsulePool
 from ._guard import containment, project_guard
 from ._process import KEEP_DUMPABLE, kill_tree, spawn_piped
 from ._transport import (
@@ -489,6 +490,7 @@ async def start_subprocess(
     caches: tuple[Path, ...] = (),
     zygote: bool = True,
     network: Literal["none", "all"] | Sequence[int] = "none",
+    pool: CapsulePool | None = None,
 ) -> SubprocessTransport:
     """Start a ``python -m capsule`` child and load the tool files into it.
 
@@ -505,6 +507,9 @@ async def start_subprocess(
     to that project's :class:`~host.capsules._guard.Guard` (``caches``: the host's cache
     folders, never writable; nor is the environment of ``python``) before it loads a
     tool.
+
+    With ``pool``, the child is the one the pool started ahead the same way, if it has
+    one (``_capsule_pool.py``).
     """
     keep_dumpable = os.environ.get(KEEP_DUMPABLE) == "1"
     # exec made the child dumpable again: its first line makes it not, before the imports
@@ -548,7 +553,19 @@ async def start_subprocess(
                 logger.warning("starting a capsule without the keeper: %s", exc)
         return await spawn_piped(command, cwd=request.cwd, env=env)
 
-    return await start_process(request, events, task_group, spawn=spawn)
+    if pool is None:
+        return await start_process(request, events, task_group, spawn=spawn)
+    take = pool.spawner(
+        (tuple(command), request.cwd, tuple(sorted(env.items())), zygote), spawn, task_group
+    )
+    try:
+        return await start_process(request, events, task_group, spawn=take)
+    except LoadFailed as exc:
+        if not take.spare or exc.report.culprit is not None:
+            raise  # a start of its own, or a tool file that broke it: the caller says
+        # The spare died while it waited (after the pool's last look): start afresh.
+        logger.info("the capsule started ahead could not load the tools (%s)", exc.reason)
+        return await start_process(request, events, task_group, spawn=spawn)
 
 
 def subprocess_capsules(
@@ -558,12 +575,13 @@ def subprocess_capsules(
     *,
     zygote: bool = True,
     network: Literal["none", "all"] | Sequence[int] = "none",
+    pool: CapsulePool | None = None,
 ) -> TransportFactory:
     """``start_subprocess`` under ``python`` (the host's own interpreter when ``None``),
     confined to the guard of ``project`` when it is given (``caches``: see there; with
     the TCP ``network`` allows), forked from the zygote unless ``zygote`` is false
-    (``[capsules] zygote``)."""
-    if python is None and project is None and zygote:
+    (``[capsules] zygote``), taking the capsules ``pool`` starts ahead."""
+    if python is None and project is None and zygote and pool is None:
         return start_subprocess
     return functools.partial(
         start_subprocess,
@@ -572,6 +590,7 @@ def subprocess_capsules(
         caches=caches,
         zygote=zygote,
         network=network,
+        pool=pool,
     )
 
 

@@ -28,6 +28,7 @@ from host._events import EventBus
 from host.settings import CapsulesConfig, DataFolder
 
 from . import _forkserver, _wasm, _wasm_cache
+from ._capsule_pool import CapsulePool
 from ._guard import containment
 from ._subprocess import (
     SubprocessTransport,
@@ -325,12 +326,17 @@ def _caches() -> tuple[Path, ...]:
 
 
 def tool_capsules(
-    capsules: CapsulesConfig, root: Path, *, egress_port: int | None = None
+    capsules: CapsulesConfig,
+    root: Path,
+    *,
+    egress_port: int | None = None,
+    pool: CapsulePool | None = None,
 ) -> TransportFactory:
     """The transport factory ``[capsules]`` asks for, for the project folder ``root``:
     subprocess capsules (under ``[capsules] python``, if set; confined to the project's
-    guard), plus a Wasm capsule for the files it names. ``egress_port``: the egress
-    proxy's port, for a ``network`` that names hosts (the capsules may connect to it)."""
+    guard; taking the capsules ``pool`` starts ahead), plus a Wasm capsule for the files
+    it names. ``egress_port``: the egress proxy's port, for a ``network`` that names
+    hosts (the capsules may connect to it)."""
     network: Literal["none", "all"] | list[int] = (
         capsules.network if isinstance(capsules.network, str) else capsules.network_ports()
     )
@@ -342,6 +348,7 @@ def tool_capsules(
         _caches(),
         zygote=capsules.zygote,
         network=network,
+        pool=pool,
     )
     if capsules.default == "wasm" or capsules.wasm or capsules.data is not None:
         return mixed_factory(

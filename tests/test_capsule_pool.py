@@ -1,0 +1,239 @@
+"""The host's capsule pool: one tool capsule process started ahead (forked, hardened,
+confined, waiting for its tool files) for the next session's capsule (on by default;
+``TOOLHOST_CAPSULE_POOL=0`` turns it off).
+
+Real hosts and real capsule processes. The pool stays empty while the host has only its
+default session; then each new session's capsule is the process started ahead, with
+module state of its own and the same confinement as any capsule. A spare that died, or
+that was started with other settings, is never handed out; the last other session's end
+and the host's close end it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from host import Host
+from host.capsules import CapsulePool
+from host.capsules import _capsule_pool as capsule_pool
+from tests.fixtures.e2e.helpers import wait_gone, wait_until
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.subprocess,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes"),
+]
+
+TOOLS = {
+    "state": """
+        import os
+
+        _count = 0
+
+
+        def bump() -> int:
+            '''Count the calls of this capsule.'''
+            global _count
+            _count += 1
+            return _count
+
+
+        def whoami() -> int:
+            '''The capsule's pid.'''
+            return os.getpid()
+
+
+        def peek(path: str) -> str:
+            '''Read a file, or say why not.'''
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return f.read()
+            except OSError as exc:
+                return type(exc).__name__
+    """
+}
+POLICY = 'version = 1\n[defaults]\nagent = "allow"\napp = "allow"\n'
+
+
+@pytest.fixture
+def project(make_project: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("TOOLHOST_CAPSULE_POOL", raising=False)  # the default: on
+    return make_project(tools=TOOLS, policy=POLICY)
+
+
+def pool_of(host: Host) -> CapsulePool:
+    pool = host.capsule_pool
+    assert pool is not None
+    return pool
+
+
+async def spare_started(pool: CapsulePool) -> int:
+    await wait_until(lambda: pool.spare_pid is not None, timeout=30, what="a spare capsule")
+    pid = pool.spare_pid
+    assert pid is not None
+    return pid
+
+
+async def test_a_new_session_gets_the_capsule_started_ahead(project: Path) -> None:
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        assert await host.call("bump") == 1
+        await anyio.sleep(0.3)
+        assert pool.spare_pid is None  # the default session alone: nothing for no one
+        async with host.session() as first:
+            assert await first.call("bump") == 1  # a capsule of its own
+            spare = await spare_started(pool)
+            async with host.session() as second:
+                assert await second.call("whoami") == spare
+                assert pool.taken == 1
+                assert await second.call("bump") == 1  # nothing of the other sessions'
+                assert await second.call("bump") == 2
+                assert await first.call("bump") == 2
+                assert await host.call("bump") == 2
+                # The next one is started ahead again, a new process.
+                assert await spare_started(pool) not in (spare, await first.call("whoami"))
+
+
+async def test_a_capsule_from_the_pool_is_confined_as_any(project: Path) -> None:
+    key = project / ".agent" / "secret-for-the-test"
+    key.parent.mkdir(exist_ok=True)
+    key.write_text("host state", encoding="utf-8")
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        assert await host.call("peek", str(key)) == "PermissionError"
+        async with host.session():
+            spare = await spare_started(pool)
+            async with host.session() as second:
+                assert await second.call("whoami") == spare
+                assert await second.call("peek", str(key)) == "PermissionError"
+                assert await second.call("peek", str(project / "policy.toml")) != (
+                    "PermissionError"
+                )
+
+
+@pytest.mark.parametrize("looked", ["seen", "unseen"])
+async def test_a_spare_that_died_is_not_handed_out(
+    project: Path, monkeypatch: pytest.MonkeyPatch, looked: str
+) -> None:
+    """Seen dead when taken (a zombie whose server has not said so yet), or dying
+    after that look ("unseen": the look passes it): either way the session's capsule is
+    a new start, and no crash is recorded against the session."""
+    if looked == "unseen":
+        monkeypatch.setattr(capsule_pool, "_fit", lambda started: True)
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        async with host.session():
+            spare = await spare_started(pool)
+            os.kill(spare, signal.SIGKILL)
+            await wait_gone([spare], timeout=10)  # a zombie: its server reaps it later
+            async with host.session() as second:
+                pid = await second.call("whoami")
+                assert pid != spare
+                assert await second.call("bump") == 1
+            assert pool.taken == (0 if looked == "seen" else 1)
+            events = [e.kind for e in host.events.recent]
+            assert "capsule_crashed" not in events and "capsule_unavailable" not in events
+
+
+async def test_the_spare_lasts_as_long_as_the_other_sessions(project: Path) -> None:
+    """A server whose clients all left keeps nothing of theirs, the spare included; the
+    next client's session starts one again."""
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        async with host.session():
+            async with host.session():
+                spare = await spare_started(pool)
+            assert pool.spare_pid == spare  # one other session is still open
+        await wait_gone([spare], timeout=10)
+        assert pool.spare_pid is None
+        await anyio.sleep(0.3)
+        assert pool.spare_pid is None
+        async with host.session() as again:
+            assert await again.call("bump") == 1
+            assert await spare_started(pool) != spare
+
+
+async def test_closing_the_host_ends_the_spare(project: Path) -> None:
+    async with Host.open(project) as host, host.session():
+        spare = await spare_started(pool_of(host))
+    await wait_gone([spare], timeout=10)
+
+
+async def test_a_host_with_only_its_default_session_starts_none(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        for _ in range(3):
+            await host.call("bump")
+        await anyio.sleep(0.5)
+        assert pool.spare_pid is None and pool.taken == 0
+    monkeypatch.setenv("TOOLHOST_CAPSULE_POOL", "0")
+    async with Host.open(project) as host:
+        assert host.capsule_pool is None
+        async with host.session() as other:
+            assert await other.call("bump") == 1
+
+
+# -- the pool alone, with stand-in processes -------------------------------------------
+
+
+class _Starts:
+    """A ``spawn`` starting ``sleep`` children with a pipe pair each, counting starts."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    async def __call__(self) -> tuple[Any, int, int]:
+        child_in, host_out = os.pipe()
+        host_in, child_out = os.pipe()
+        process = await anyio.open_process(
+            ["sleep", "60"], stdin=child_in, stdout=child_out, start_new_session=True
+        )
+        os.close(child_in)
+        os.close(child_out)
+        self.started.append(process.pid)
+        return process, host_out, host_in
+
+
+async def test_a_spare_started_another_way_is_not_used() -> None:
+    pool = CapsulePool()
+    starts = _Starts()
+    async with anyio.create_task_group() as tg:
+        first = await pool.spawner("settings A", starts, tg)()
+        pool.more_sessions()
+        await wait_until(lambda: pool.spare_pid is not None, timeout=10, what="a spare")
+        spare = pool.spare_pid
+        # Another command, folder or environment (a reloaded policy): a start of its own.
+        other = await pool.spawner("settings B", starts, tg)()
+        assert other[0].pid not in (spare, first[0].pid)
+        assert pool.taken == 0
+        assert spare is not None
+        await wait_gone([spare], timeout=10)  # the useless spare was killed
+        # The same settings as the spare's: taken.
+        pool.fill()
+        await wait_until(lambda: pool.spare_pid is not None, timeout=10, what="a spare")
+        spare = pool.spare_pid
+        again = await pool.spawner("settings B", starts, tg)()
+        assert again[0].pid == spare and pool.taken == 1
+        pool.fill()
+        await wait_until(lambda: pool.spare_pid is not None, timeout=10, what="a spare")
+        spare = pool.spare_pid
+        assert spare is not None
+        await pool.aclose()  # the host closes: its spare ends with it
+        await wait_gone([spare], timeout=10)
+        pool.fill()
+        assert pool.spare_pid is None and len(starts.started) == 5  # no more after that
+        for process, out, into in (first, other, again):
+            process.kill()
+            await process.aclose()
+            os.close(out)
+            os.close(into)
