@@ -248,14 +248,7 @@ def _grant_except(grants: dict[str, int], root: str, denied: Sequence[str], acce
     if not inside:
         grants[root] = grants.get(root, 0) | access
         return
-    ancestors: set[str] = set()
-    for path in inside:
-        folder = os.path.dirname(path)
-        while _under(folder, root):
-            ancestors.add(folder)
-            if folder == root:
-                break
-            folder = os.path.dirname(folder)
+    ancestors = _ancestors(root, inside)
     for folder in sorted(ancestors):
         try:
             names = os.listdir(folder)
@@ -266,6 +259,42 @@ def _grant_except(grants: dict[str, int], root: str, denied: Sequence[str], acce
             if entry in ancestors or entry in inside:
                 continue
             grants[entry] = grants.get(entry, 0) | access
+
+
+def _ancestors(root: str, inside: set[str]) -> set[str]:
+    """The folders from ``root`` down to the parent of each path in ``inside`` (paths
+    beneath ``root``): the folders :func:`_grant_except` lists, one rule per entry."""
+    ancestors: set[str] = set()
+    for path in inside:
+        folder = os.path.dirname(path)
+        while _under(folder, root):
+            ancestors.add(folder)
+            if folder == root:
+                break
+            folder = os.path.dirname(folder)
+    return ancestors
+
+
+def _denied(spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``spec``'s paths denied writing (reading denied too) and reading, resolved."""
+    deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
+    return deny_write, _real(spec.get("deny_read", ()))
+
+
+def listed(spec: Mapping[str, Any]) -> list[str]:
+    """The folders :func:`restrict` lists to make its rules for ``spec``, each a rule
+    per entry: an entry made (or replaced) in one of them afterwards is covered by no
+    rule. So rules made earlier are out of date once one of them changes."""
+    deny_write, deny_read = _denied(spec)
+    folders: set[str] = set()
+    if "/" not in deny_read:
+        folders |= _ancestors("/", set(deny_read))
+    for root in _real(spec.get("write", ())):
+        if not any(_under(root, d) for d in deny_write):
+            inside = {d for d in deny_write if _under(d, root)}
+            if root not in inside:
+                folders |= _ancestors(root, inside)
+    return sorted(folders)
 
 
 def restrict(spec: Mapping[str, Any]) -> int:
@@ -286,8 +315,7 @@ def restrict(spec: Mapping[str, Any]) -> int:
     version = abi()
     if version < 1:
         raise OSError(38, "this kernel has no Landlock")
-    deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
-    deny_read = _real(spec.get("deny_read", ()))
+    deny_write, deny_read = _denied(spec)
     closed = spec.get("network", "all") == "none"
     if closed and version < NET_ABI and not spec.get("netns"):
         raise OSError(

@@ -15,13 +15,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from host import Host
+from host import Host, Session
 from host.capsules import CapsulePool
 from host.capsules import _capsule_pool as capsule_pool
 from tests.fixtures.e2e.helpers import wait_gone, wait_until
@@ -82,24 +83,37 @@ async def spare_started(pool: CapsulePool) -> int:
     return pid
 
 
+async def on_the_spare(host: Host, stack: AsyncExitStack) -> Session:
+    """A new session whose capsule is the spare. A spare is not used once a folder its
+    rules list an entry of has changed (``/tmp`` above the project, where other tests
+    make files): then the next one is tried."""
+    pool = pool_of(host)
+    taken = pool.taken
+    for _ in range(20):
+        spare = await spare_started(pool)
+        session = await stack.enter_async_context(host.session())
+        if await session.call("whoami") == spare:
+            assert pool.taken == taken + 1
+            return session
+    raise AssertionError("no new session got the spare in 20 tries")
+
+
 async def test_a_new_session_gets_the_capsule_started_ahead(project: Path) -> None:
     async with Host.open(project) as host:
         pool = pool_of(host)
         assert await host.call("bump") == 1
         await anyio.sleep(0.3)
         assert pool.spare_pid is None  # the default session alone: nothing for no one
-        async with host.session() as first:
+        async with host.session() as first, AsyncExitStack() as stack:
             assert await first.call("bump") == 1  # a capsule of its own
-            spare = await spare_started(pool)
-            async with host.session() as second:
-                assert await second.call("whoami") == spare
-                assert pool.taken == 1
-                assert await second.call("bump") == 1  # nothing of the other sessions'
-                assert await second.call("bump") == 2
-                assert await first.call("bump") == 2
-                assert await host.call("bump") == 2
-                # The next one is started ahead again, a new process.
-                assert await spare_started(pool) not in (spare, await first.call("whoami"))
+            second = await on_the_spare(host, stack)
+            assert await second.call("bump") == 1  # nothing of the other sessions'
+            assert await second.call("bump") == 2
+            assert await first.call("bump") == 2
+            assert await host.call("bump") == 2
+            # The next one is started ahead again, a new process.
+            mine = {await second.call("whoami"), await first.call("whoami")}
+            assert await spare_started(pool) not in mine
 
 
 async def test_a_capsule_from_the_pool_is_confined_as_any(project: Path) -> None:
@@ -109,14 +123,32 @@ async def test_a_capsule_from_the_pool_is_confined_as_any(project: Path) -> None
     async with Host.open(project) as host:
         pool = pool_of(host)
         assert await host.call("peek", str(key)) == "PermissionError"
+        async with host.session(), AsyncExitStack() as stack:
+            second = await on_the_spare(host, stack)
+            assert await second.call("peek", str(key)) == "PermissionError"
+            assert await second.call("peek", str(project / "policy.toml")) != "PermissionError"
+            assert pool.taken >= 1
+
+
+async def test_a_file_made_after_the_spare_started_is_readable_to_the_next_session(
+    project: Path,
+) -> None:
+    """A capsule's Landlock rules grant the entries of the project folder one by one (it
+    holds the denied state folder), as they were when it started: a spare started before
+    a file was made there would not see it, so it is not used."""
+    async with Host.open(project) as host:
+        pool = pool_of(host)
         async with host.session():
             spare = await spare_started(pool)
+            later = project / "made-later.txt"
+            later.write_text("made later", encoding="utf-8")
             async with host.session() as second:
-                assert await second.call("whoami") == spare
-                assert await second.call("peek", str(key)) == "PermissionError"
-                assert await second.call("peek", str(project / "policy.toml")) != (
-                    "PermissionError"
-                )
+                assert await second.call("peek", str(later)) == "made later"
+                assert await second.call("whoami") != spare
+                assert pool.taken == 0
+            async with AsyncExitStack() as stack:  # one started after it: used
+                third = await on_the_spare(host, stack)
+                assert await third.call("peek", str(later)) == "made later"
 
 
 @pytest.mark.parametrize("looked", ["seen", "unseen"])
@@ -128,6 +160,7 @@ async def test_a_spare_that_died_is_not_handed_out(
     a new start, and no crash is recorded against the session."""
     if looked == "unseen":
         monkeypatch.setattr(capsule_pool, "_fit", lambda started: True)
+        monkeypatch.setattr(capsule_pool, "stamp", lambda folders: ())  # however /tmp changes
     async with Host.open(project) as host:
         pool = pool_of(host)
         async with host.session():

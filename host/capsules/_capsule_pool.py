@@ -10,12 +10,12 @@ next capsule it starts takes it instead of starting one.
 
 A spare is used only by a capsule that would have been started exactly as it was (the
 same command, folder and environment, the settings included: a policy reload that
-changes them makes the spare useless, and it is killed), and only while it is alive and
-silent: a capsule says nothing before its first frame, so output means it died. It is
-never used twice: each take starts the next one (on the next ``more_sessions``). No tool
-code has run in it; like any capsule, it sees the files its rules granted when it
-started (a file made later in a folder above a denied path is not readable to it, as to a
-capsule started then).
+changes them makes the spare useless, and it is killed), with the same Landlock rules
+(the folders its rules list an entry of, ``capsule._landlock.listed``, hold the same
+names and were not changed since: a file made in the project folder after the spare
+started would be readable to a capsule started now, not to the spare), and only while
+it is alive and silent: a capsule says nothing before its first frame, so output means
+it died. It is never used twice, and no tool code has run in it.
 
 It is kept only while the host has a session open besides its default one: a host that
 only ever has its default session (the command line, ``toolhost serve`` over stdio)
@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import select
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 import anyio
 import anyio.abc
@@ -52,11 +52,35 @@ def wanted() -> bool:
     return os.environ.get(_ENV) != "0"
 
 
+Stamp = tuple[tuple[str, int, int, int], ...]
+"""What the listed folders were: (folder, inode, change time, hash of its names) each."""
+
+
+def stamp(folders: Sequence[str]) -> Stamp:
+    """The state of ``folders`` that a capsule's Landlock rules depend on (a folder that
+    cannot be read stamps as -1s: a rule cannot be made in it either)."""
+    out: list[tuple[str, int, int, int]] = []
+    for folder in folders:
+        try:
+            before = os.stat(folder)
+            names = hash(frozenset(os.listdir(folder)))
+            after = os.stat(folder)
+        except OSError:
+            out.append((folder, -1, -1, -1))
+            continue
+        changed = after.st_mtime_ns if before.st_mtime_ns == after.st_mtime_ns else -2
+        out.append((folder, after.st_ino, changed, names))
+    return tuple(out)
+
+
 class _Spare:
     """A capsule process being started, or started, for whoever comes next."""
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: Hashable, folders: Sequence[str], stamped: Stamp) -> None:
         self.key = key
+        self.folders = folders
+        self.stamped = stamped
+        """The listed folders as they were just before it started."""
         self.done = anyio.Event()
         self.started: Started | None = None
 
@@ -66,10 +90,16 @@ class Take:
     function that remembers whether it handed out the spare."""
 
     def __init__(
-        self, pool: CapsulePool, key: Hashable, spawn: Spawn, task_group: anyio.abc.TaskGroup
+        self,
+        pool: CapsulePool,
+        key: Hashable,
+        spawn: Spawn,
+        task_group: anyio.abc.TaskGroup,
+        folders: Sequence[str],
     ) -> None:
         self._pool = pool
         self._key = key
+        self._folders = folders
         self.spawn = spawn
         """The start without the pool."""
         self._tg = task_group
@@ -77,7 +107,7 @@ class Take:
         """Whether the process handed out was the spare."""
 
     async def __call__(self) -> Started:
-        started = await self._pool.take_spare(self._key, self.spawn, self._tg)
+        started = await self._pool.take_spare(self._key, self.spawn, self._tg, self._folders)
         self.spare = started is not None
         return started if started is not None else await self.spawn()
 
@@ -87,7 +117,7 @@ class CapsulePool:
 
     def __init__(self) -> None:
         self._spare: _Spare | None = None
-        self._recipe: tuple[Hashable, Spawn, anyio.abc.TaskGroup] | None = None
+        self._recipe: tuple[Hashable, Spawn, anyio.abc.TaskGroup, Sequence[str]] | None = None
         """How the last capsule was started: how to start the next spare."""
         self._sessions = False
         self._closed = False
@@ -106,21 +136,33 @@ class CapsulePool:
             return None
         return spare.started[0].pid
 
-    def spawner(self, key: Hashable, spawn: Spawn, task_group: anyio.abc.TaskGroup) -> Take:
-        """``spawn`` for a capsule whose start is described by ``key``: the spare if it
-        was started the same way and is fit, else a new start."""
-        return Take(self, key, spawn, task_group)
+    def spawner(
+        self,
+        key: Hashable,
+        spawn: Spawn,
+        task_group: anyio.abc.TaskGroup,
+        folders: Sequence[str] = (),
+    ) -> Take:
+        """``spawn`` for a capsule whose start is described by ``key``, whose Landlock
+        rules list the entries of ``folders``: the spare if it was started the same way,
+        the folders unchanged since, and is fit; else a new start."""
+        return Take(self, key, spawn, task_group, folders)
 
     async def take_spare(
-        self, key: Hashable, spawn: Spawn, task_group: anyio.abc.TaskGroup
+        self,
+        key: Hashable,
+        spawn: Spawn,
+        task_group: anyio.abc.TaskGroup,
+        folders: Sequence[str] = (),
     ) -> Started | None:
-        """The spare, if it was started as ``key`` says and is fit (else it is killed);
-        ``spawn`` and ``task_group`` start the next one (:meth:`fill`)."""
-        self._recipe = (key, spawn, task_group)
+        """The spare, if it was started as ``key`` says, ``folders`` unchanged since,
+        and is fit (else it is killed); ``spawn`` and ``task_group`` start the next one
+        (:meth:`fill`)."""
+        self._recipe = (key, spawn, task_group, folders)
         spare, self._spare = self._spare, None
         if spare is None:
             return None
-        if spare.key != key:
+        if spare.key != key or spare.folders != folders or stamp(folders) != spare.stamped:
             task_group.start_soon(_discard_spare, spare)
             return None
         await spare.done.wait()
@@ -153,8 +195,8 @@ class CapsulePool:
         recipe = self._recipe
         if self._closed or not self._sessions or self._spare is not None or recipe is None:
             return
-        key, spawn, task_group = recipe
-        spare = _Spare(key)
+        key, spawn, task_group, folders = recipe
+        spare = _Spare(key, folders, stamp(folders))
         self._spare = spare
         task_group.start_soon(self._start, spare, spawn)
 

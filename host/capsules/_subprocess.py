@@ -32,6 +32,7 @@ import anyio
 import anyio.abc
 
 import capsule
+from capsule import _landlock
 from capsule.protocol import BadFrame
 from host._display import StreamRedactor
 from host._events import Event, EventBus
@@ -556,7 +557,10 @@ async def start_subprocess(
     if pool is None:
         return await start_process(request, events, task_group, spawn=spawn)
     take = pool.spawner(
-        (tuple(command), request.cwd, tuple(sorted(env.items())), zygote), spawn, task_group
+        (tuple(command), request.cwd, tuple(sorted(env.items())), zygote),
+        spawn,
+        task_group,
+        () if guard is None else tuple(_landlock.listed(guard.to_data())),
     )
     try:
         return await start_process(request, events, task_group, spawn=take)
