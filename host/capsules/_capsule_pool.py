@@ -53,7 +53,8 @@ def wanted() -> bool:
 
 
 Stamp = tuple[tuple[str, int, int, int], ...]
-"""What the listed folders were: (folder, inode, change time, hash of its names) each."""
+"""What the listed folders were: (folder, inode, modification time, hash of its names)
+each."""
 
 
 def stamp(folders: Sequence[str]) -> Stamp:
@@ -251,7 +252,8 @@ async def _discard_spare(spare: _Spare) -> None:
 
 async def _discard(started: Started) -> None:
     process, host_out, host_in = started
-    kill_tree(process.pid)
+    if process.returncode is None:  # not reaped yet, so the pid is still its own
+        kill_tree(process.pid)
     for fd in (host_out, host_in):
         with contextlib.suppress(OSError):
             os.close(fd)
