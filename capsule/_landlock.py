@@ -242,7 +242,7 @@ def _grant_except(grants: dict[str, int], root: str, denied: Sequence[str], acce
     with both rights, and a crowded folder (``/tmp``) above both a denied path and a
     writable root is read once and ruled once per entry, not twice.
     """
-    inside = {d for d in denied if _under(d, root)}
+    inside = _inside(root, denied)
     if root in inside:
         return
     if not inside:
@@ -275,25 +275,32 @@ def _ancestors(root: str, inside: set[str]) -> set[str]:
     return ancestors
 
 
-def _denied(spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``spec``'s paths denied writing (reading denied too) and reading, resolved."""
+def _inside(root: str, denied: Sequence[str]) -> set[str]:
+    return {d for d in denied if _under(d, root)}
+
+
+def _plan(spec: Mapping[str, Any]) -> list[tuple[str, list[str], int]]:
+    """The grants :func:`restrict` makes for ``spec``, each (root, denied paths, access):
+    ``access`` beneath ``root`` except beneath the denied paths (:func:`_grant_except`).
+    Reading everywhere but where reading is denied; writing beneath each writable root
+    that is not itself denied, but where writing (or reading) is denied."""
     deny_write = _real([*spec.get("deny_write", ()), *spec.get("deny_read", ())])
-    return deny_write, _real(spec.get("deny_read", ()))
+    plan = [("/", _real(spec.get("deny_read", ())), _READ_FILE)]
+    for root in _real(spec.get("write", ())):
+        if not any(_under(root, d) for d in deny_write):
+            plan.append((root, deny_write, _WRITE_RIGHTS))
+    return plan
 
 
 def listed(spec: Mapping[str, Any]) -> list[str]:
     """The folders :func:`restrict` lists to make its rules for ``spec``, each a rule
     per entry: an entry made (or replaced) in one of them afterwards is covered by no
     rule. So rules made earlier are out of date once one of them changes."""
-    deny_write, deny_read = _denied(spec)
     folders: set[str] = set()
-    if "/" not in deny_read:
-        folders |= _ancestors("/", set(deny_read))
-    for root in _real(spec.get("write", ())):
-        if not any(_under(root, d) for d in deny_write):
-            inside = {d for d in deny_write if _under(d, root)}
-            if root not in inside:
-                folders |= _ancestors(root, inside)
+    for root, denied, _ in _plan(spec):
+        inside = _inside(root, denied)
+        if root not in inside:
+            folders |= _ancestors(root, inside)
     return sorted(folders)
 
 
@@ -315,7 +322,6 @@ def restrict(spec: Mapping[str, Any]) -> int:
     version = abi()
     if version < 1:
         raise OSError(38, "this kernel has no Landlock")
-    deny_write, deny_read = _denied(spec)
     closed = spec.get("network", "all") == "none"
     if closed and version < NET_ABI and not spec.get("netns"):
         raise OSError(
@@ -339,10 +345,8 @@ def restrict(spec: Mapping[str, Any]) -> int:
     # lands (out of a denied folder) is still refused (EXDEV), and creating or removing
     # entries still needs the other rights.
     grants: dict[str, int] = {"/": _REFER}
-    _grant_except(grants, "/", deny_read, _READ_FILE)
-    for root in _real(spec.get("write", ())):
-        if not any(_under(root, d) for d in deny_write):
-            _grant_except(grants, root, deny_write, _WRITE_RIGHTS)
+    for root, denied, access in _plan(spec):
+        _grant_except(grants, root, denied, access)
     for path, access in grants.items():
         rules.grant(path, access)
     rules.enforce()

@@ -224,7 +224,7 @@ class CodeSandbox:
         self.starts = 0
         self._spare: _Spare | None = None
         self._lease: _forkserver.Lease | None = None
-        self._idle: tuple[Guest, anyio.CancelScope] | None = None
+        self._guarded: tuple[Guest, anyio.CancelScope] | None = None
         """The current guest and the scope of its guard (:meth:`_guard`; one per guest)."""
         self._current: _Run | None = None
         """The run in progress, for the guard of the guest running it."""
@@ -840,17 +840,17 @@ class CodeSandbox:
 
     def _guard_guest(self, guest: Guest) -> None:
         """Watch ``guest`` (its runs' time, and between them) from now on (once per guest)."""
-        if self._idle is not None and self._idle[0] is guest:
+        if self._guarded is not None and self._guarded[0] is guest:
             return
         self._stop_guard()
         scope = anyio.CancelScope()
-        self._idle = (guest, scope)
+        self._guarded = (guest, scope)
         self._tg.start_soon(self._guard, guest, scope)
 
     def _stop_guard(self) -> None:
-        idle, self._idle = self._idle, None
-        if idle is not None:
-            idle[1].cancel()
+        guarded, self._guarded = self._guarded, None
+        if guarded is not None:
+            guarded[1].cancel()
 
     async def _guard(self, guest: Guest, scope: anyio.CancelScope) -> None:
         """Count the time of ``guest``'s runs, and watch it between them (one task per

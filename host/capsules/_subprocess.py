@@ -535,8 +535,9 @@ async def start_subprocess(
             private=(key_path().parent,),
             network=network,
         )
+    rules = None if guard is None else guard.to_data()
     settings = {
-        "landlock": None if guard is None else guard.to_data(),
+        "landlock": rules,
         "dumpable": keep_dumpable,
     }
     env = {**request.env, _SETTINGS: json.dumps(settings)}
@@ -560,7 +561,7 @@ async def start_subprocess(
         (tuple(command), request.cwd, tuple(sorted(env.items())), zygote),
         spawn,
         task_group,
-        () if guard is None else tuple(_landlock.listed(guard.to_data())),
+        () if rules is None else tuple(_landlock.listed(rules)),
     )
     try:
         return await start_process(request, events, task_group, spawn=take)
