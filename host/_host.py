@@ -280,7 +280,10 @@ class Session:
 
     def _leave(self) -> None:
         self._busy -= 1
-        if not self._busy and self._host.session_idle is not None:
+        if self._busy:
+            return
+        self._host._settled()  # pyright: ignore[reportPrivateUsage]
+        if self._host.session_idle is not None:
             self._since = time.monotonic()
             self._host._went_idle(self)  # pyright: ignore[reportPrivateUsage]
 
@@ -847,6 +850,14 @@ class Host:
         self._idle_after = idle
         self._idle_wake.set()
 
+    def _settled(self) -> None:
+        """A session has nothing in flight any more: a pool waiting to start its next
+        spare may start it now (``capsules/_refill.py``)."""
+        if self.capsule_pool is not None:
+            self.capsule_pool.refill.settle()
+        if self.sandbox_pool is not None:
+            self.sandbox_pool.refill.settle()
+
     def _went_idle(self, session: Session) -> None:
         """``session`` has nothing in flight any more: wake the watch if it would
         otherwise look later than this session's deadline."""
@@ -1099,8 +1110,11 @@ class Host:
             yield session
         finally:
             self._sessions.discard(session)
-            if self.capsule_pool is not None and not self._sessions - {self._default}:
-                self.capsule_pool.no_more_sessions()  # the last one besides the default
+            if not self._sessions - {self._default}:  # the last one besides the default
+                if self.capsule_pool is not None:
+                    self.capsule_pool.no_more_sessions()
+                if self.sandbox_pool is not None:
+                    self.sandbox_pool.no_more_sessions()
             with anyio.CancelScope(shield=True):
                 try:
                     await session.code.aclose()

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from host import Host, Session
-from host.capsules import CapsulePool
+from host.capsules import CapsulePool, _refill
 from host.capsules import _capsule_pool as capsule_pool
 from tests.fixtures.e2e.helpers import wait_gone, wait_until
 
@@ -194,6 +194,23 @@ async def test_the_spare_lasts_as_long_as_the_other_sessions(project: Path) -> N
             assert await spare_started(pool) != spare
 
 
+async def test_the_next_spare_waits_for_the_first_call_of_the_session(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On one CPU a spare's start beside a new session's first call takes its time from
+    it: the spare starts once that call has ended (or the grace has passed, here far
+    off)."""
+    monkeypatch.setattr(_refill, "GRACE", 60.0)
+    async with Host.open(project) as host:
+        pool = pool_of(host)
+        async with host.session() as first:
+            await anyio.sleep(0.5)
+            assert pool.spare_pid is None and pool.refill.pending
+            assert await first.call("bump") == 1
+            await spare_started(pool)
+            assert not pool.refill.pending
+
+
 async def test_closing_the_host_ends_the_spare(project: Path) -> None:
     async with Host.open(project) as host, host.session():
         spare = await spare_started(pool_of(host))
@@ -266,6 +283,43 @@ async def test_a_spare_started_another_way_is_not_used() -> None:
         pool.fill()
         assert pool.spare_pid is None and len(starts.started) == 5  # no more after that
         for process, out, into in (first, other, again):
+            process.kill()
+            await process.aclose()
+            os.close(out)
+            os.close(into)
+
+
+async def test_a_refill_waits_for_the_host_to_settle_or_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = CapsulePool()
+    starts = _Starts()
+    monkeypatch.setattr(_refill, "GRACE", 60.0)
+    async with anyio.create_task_group() as tg:
+        first = await pool.spawner("settings", starts, tg)()
+        pool.more_sessions()
+        pool.more_sessions()  # one wait at a time
+        await anyio.sleep(0.3)
+        assert len(starts.started) == 1 and pool.refill.pending
+        pool.refill.settle()  # a session has nothing in flight any more
+        await wait_until(lambda: pool.spare_pid is not None, timeout=10, what="a spare")
+        assert len(starts.started) == 2 and not pool.refill.pending
+        pool.refill.settle()  # nothing waits: nothing starts
+        taken = await pool.spawner("settings", starts, tg)()
+        assert taken[0].pid == starts.started[1]
+        monkeypatch.setattr(_refill, "GRACE", 0.3)  # no session settles: the grace ends it
+        begun = anyio.current_time()
+        pool.more_sessions()
+        await wait_until(lambda: pool.spare_pid is not None, timeout=10, what="a spare")
+        assert anyio.current_time() - begun >= 0.25
+        assert len(starts.started) == 3
+        pool.no_more_sessions()
+        pool.more_sessions()
+        pool.no_more_sessions()  # the last session ended while the refill waited
+        await anyio.sleep(0.5)
+        assert len(starts.started) == 3 and pool.spare_pid is None
+        await pool.aclose()
+        for process, out, into in (first, taken):
             process.kill()
             await process.aclose()
             os.close(out)

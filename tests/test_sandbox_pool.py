@@ -17,6 +17,8 @@ import anyio
 import pytest
 
 from host import Host
+from host.capsules import _refill
+from tests.fixtures.e2e.helpers import wait_gone, wait_until
 
 from .test_wasm import wasm_prepared
 
@@ -25,9 +27,18 @@ __all__ = ["wasm_prepared"]
 
 TOOLS = {
     "calc": """
+        import time
+
+
         def add(a: int, b: int) -> int:
             '''Add two integers.'''
             return a + b
+
+
+        def slow(seconds: float) -> float:
+            '''Wait, then say how long.'''
+            time.sleep(seconds)
+            return seconds
     """
 }
 POLICY = 'version = 1\n[defaults]\nagent = "allow"\n'
@@ -95,6 +106,82 @@ async def test_a_new_session_gets_the_sandbox_booted_ahead(project: Path) -> Non
                 assert pool.handed == 2
                 guest = third.code._guest  # pyright: ignore[reportPrivateUsage]
                 assert guest is not None and guest.process.pid != mine.process.pid
+
+
+async def test_the_next_guest_boots_once_the_first_run_has_ended(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guest's boot beside a new session's first run takes its time from it on one
+    CPU: the next one boots once that run has ended (or the grace has passed, here far
+    off), not when the session took its guest."""
+    monkeypatch.setattr(_refill, "GRACE", 60.0)
+    async with Host.open(project) as host:
+        pool = host.sandbox_pool
+        assert pool is not None
+        assert (await host.run_code("await add(1, 1)")).ok
+        async with host.session() as first:
+            assert (await first.run_code("await add(1, 2)")).ok
+            await _ready(host)
+            async with host.session() as second, anyio.create_task_group() as tg:
+                done = anyio.Event()
+
+                async def run() -> None:
+                    result = await second.run_code("await slow(1.0)")
+                    assert result.ok, result.error
+                    done.set()
+
+                tg.start_soon(run)
+                await wait_until(lambda: pool.handed == 1, timeout=30, what="the guest taken")
+                await anyio.sleep(0.3)
+                assert not done.is_set()
+                assert pool.spare_pid is None and pool.refill.pending  # not during the run
+                await done.wait()
+                await _ready(host)
+
+
+async def test_the_guest_booted_ahead_lasts_as_long_as_the_other_sessions(
+    project: Path,
+) -> None:
+    """A server whose clients all left keeps no guest booted for them; the next
+    client's session that runs code boots one again."""
+    async with Host.open(project) as host:
+        pool = host.sandbox_pool
+        assert pool is not None
+        async with host.session():
+            async with host.session() as other:
+                assert (await other.run_code("await add(1, 2)")).ok
+                await _ready(host)
+                spare = pool.spare_pid
+            assert pool.spare_pid == spare  # one other session is still open
+        assert spare is not None
+        await wait_gone([spare], timeout=10)
+        assert pool.spare_pid is None
+        assert (await host.run_code("await add(1, 1)")).ok  # the default session: no boot
+        await anyio.sleep(1)
+        assert pool.spare_pid is None and not pool.refill.pending
+        async with host.session() as again:
+            assert (await again.run_code("await add(2, 2)")).value == 4
+            await _ready(host)
+            assert pool.spare_pid != spare
+
+
+async def test_a_refill_due_after_the_last_session_boots_nothing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refill a session's opening put off comes due after that session (the last
+    besides the default one) has ended: no guest is wanted any more."""
+    monkeypatch.setattr(_refill, "GRACE", 60.0)
+    async with Host.open(project) as host:
+        pool = host.sandbox_pool
+        assert pool is not None
+        assert (await host.run_code("await add(1, 1)")).ok  # code mode is in use
+        async with host.session():
+            await anyio.sleep(0.2)
+            assert pool.refill.pending and pool.spare_pid is None
+        assert (await host.run_code("await add(1, 2)")).ok  # settles: the refill is due
+        await anyio.sleep(0.5)
+        assert not pool.refill.pending
+        assert pool._maker._spare is None  # pyright: ignore[reportPrivateUsage]
 
 
 async def test_after_a_reload_the_pool_knows_the_new_tools(project: Path) -> None:

@@ -35,6 +35,7 @@ import anyio
 import anyio.abc
 
 from ._process import kill_tree
+from ._refill import Refill
 
 __all__ = ["CapsulePool", "wanted"]
 
@@ -124,6 +125,8 @@ class CapsulePool:
         self._closed = False
         self.taken = 0
         """Capsules that started from a spare."""
+        self.refill = Refill(self.fill)
+        """Starts the next spare once the host settles (``_refill.py``)."""
 
     def __repr__(self) -> str:
         state = "none" if self._spare is None else "one"
@@ -178,9 +181,11 @@ class CapsulePool:
 
     def more_sessions(self) -> None:
         """The host opened a session besides its default one: keep a spare from now on
-        (started now, if none is)."""
+        (started once the host settles, if none is)."""
         self._sessions = True
-        self.fill()
+        recipe = self._recipe
+        if recipe is not None and self._spare is None and not self._closed:
+            self.refill.soon(recipe[2])
 
     def no_more_sessions(self) -> None:
         """The host's last session besides its default one ended: end the spare (the

@@ -70,6 +70,7 @@ from ._code_results import (
 from ._cpu import CpuMeter, rearm_cpu_limit
 from ._guest_pipe import Dead, Guest
 from ._process import kill_tree, spawn_piped
+from ._refill import Refill
 from ._run_options import RunOptions
 
 __all__ = ["CodeSandbox", "SandboxPool"]
@@ -470,7 +471,7 @@ class CodeSandbox:
                 return guest
         guest = await self._start(memory)
         if self._pool is not None:
-            self._pool.fill()  # code mode is in use in this host: keep one booted ahead
+            self._pool.use()  # code mode is in use in this host: keep one booted ahead
         return guest
 
     # -- runs --------------------------------------------------------------------------
@@ -1021,15 +1022,25 @@ class CodeSandbox:
                 await lease.release()
 
 
+async def _drop_spare(spare: _Spare) -> None:
+    """End a guest booted ahead that no one will take (once its boot is over)."""
+    await spare.done.wait()
+    if spare.guest is not None:
+        spare.guest.kill("no session is left to take it")
+        spare.guest.close()
+
+
 class SandboxPool:
     """One sandbox booted ahead for the next session that runs code, so that a new
     session's first ``run_code`` does not wait for a boot (monty keeps a warm worker the
     same way). It fills only once code mode is in use in the host (a sandbox was started
-    for some session) and the host has opened a session besides its default one (a host
+    for some session) and the host has a session open besides its default one (a host
     that only ever has its default session, as the command line and ``toolhost serve``
-    over stdio, would keep a guest booted for no one), and after each guest it hands
-    out. A guest from the pool has never run code; it serves exactly one session, and
-    its console is that session's.
+    over stdio, would keep a guest booted for no one; one whose other sessions all ended
+    keeps none), and again after each guest it hands out, once the host settles
+    (``_refill.py``: not beside the first run of the session that took it). A guest
+    from the pool has never run code; it serves exactly one session, and its console is
+    that session's.
 
     ``maker`` boots the guests as its spare (:meth:`CodeSandbox.warm`'s way): a quiet
     :class:`CodeSandbox` of no session that never runs code. ``TOOLHOST_SANDBOX_POOL=0``
@@ -1042,14 +1053,32 @@ class SandboxPool:
         self._in_use = False
         """Whether code mode is in use in the host (some session started a sandbox)."""
         self._sessions = False
-        """Whether the host opened a session besides its default one."""
+        """Whether the host has a session open besides its default one."""
+        self.refill = Refill(self.fill)
+        """Boots the next guest once the host settles (``_refill.py``)."""
 
     def more_sessions(self) -> None:
         """The host opened a session besides its default one: the pool is worth its
-        guest from now on (booted at once if code mode is in use already)."""
+        guest from now on (booted once the host settles, if code mode is in use)."""
         self._sessions = True
         if self._in_use:
-            self.fill()
+            self.use()
+
+    def no_more_sessions(self) -> None:
+        """The host's last session besides its default one ended: the guest booted ahead
+        goes (the next such session boots one again, once it runs code)."""
+        self._sessions = False
+        maker = self._maker
+        spare, maker._spare = maker._spare, None  # pyright: ignore[reportPrivateUsage]
+        if spare is not None:
+            maker._tg.start_soon(_drop_spare, spare)  # pyright: ignore[reportPrivateUsage]
+
+    @property
+    def spare_pid(self) -> int | None:
+        """The pid of the guest booted ahead, once it is booted."""
+        spare = self._maker._spare  # pyright: ignore[reportPrivateUsage]
+        guest = None if spare is None else spare.guest
+        return None if guest is None else guest.process.pid
 
     @property
     def ready(self) -> bool:
@@ -1058,11 +1087,17 @@ class SandboxPool:
         return spare is not None and spare.done.is_set() and spare.guest is not None
 
     def fill(self) -> None:
-        """Code mode is in use: boot a guest in the background unless one is booted or
-        booting (or the host has no session but its default one yet)."""
+        """Code mode is in use: boot a guest in the background now unless one is booted
+        or booting (or the host has no session but its default one)."""
         self._in_use = True
         if self._sessions:
             self._maker._prefetch()  # pyright: ignore[reportPrivateUsage]
+
+    def use(self) -> None:
+        """Code mode is in use: boot a guest once the host settles (:meth:`fill`)."""
+        self._in_use = True
+        if self._sessions:
+            self.refill.soon(self._maker._tg)  # pyright: ignore[reportPrivateUsage]
 
     async def take(self, memory: int) -> Guest | None:
         """The guest booted ahead (waiting for its boot if it is under way: that is
@@ -1072,7 +1107,7 @@ class SandboxPool:
         if maker._spare is None:  # pyright: ignore[reportPrivateUsage]
             return None  # not filled yet: the session boots its own (and then fills)
         guest = await maker._take_spare(memory)  # pyright: ignore[reportPrivateUsage]
-        self.fill()
+        self.use()
         if guest is None:
             return None
         if guest.has_output():  # it has never run code: it has nothing to say
