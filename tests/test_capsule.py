@@ -25,8 +25,10 @@ from .fixtures.e2e.helpers import (
     policy,
     wait_until,
 )
+from .test_wasm import wasm_prepared
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+__all__ = ["wasm_prepared"]
 
 
 # -- module state and concurrency ----------------------------------------------------------
@@ -319,3 +321,36 @@ async def test_a_flood_of_lines_shows_whole_lines_and_says_what_it_dropped() -> 
     counted = len(shown) + sum(e.data["dropped_bytes"] for e in dropped)
     assert counted <= 2 * count * 81
     assert dropped[-1].data["total_bytes"] == counted - len(shown)
+
+
+# -- a big project ---------------------------------------------------------------------------
+
+
+def _wide_tools(count: int = 80, params: int = 40) -> str:
+    """Tools with many parameters each: their load frame (every tool's parameters) is over
+    the pipe's 64 KiB."""
+    names = ", ".join(f"parameter_number_{i:02d}_of_the_tool: int = 0" for i in range(params))
+    return "\n\n".join(
+        f"def wide_{t:03d}({names}) -> int:\n"
+        f"    '''Tool {t}.'''\n"
+        f"    return parameter_number_00_of_the_tool + {t}\n"
+        for t in range(count)
+    )
+
+
+@pytest.mark.parametrize("kind", ["subprocess", pytest.param("wasm", marks=pytest.mark.wasm)])
+async def test_a_tool_list_bigger_than_the_pipe_loads(
+    make_project: Callable[..., Path], request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The load frame is written whole before the capsule serves (it waited, unsent past
+    the pipe's 64 KiB, until the load timed out)."""
+    if kind == "wasm":
+        request.getfixturevalue("wasm_prepared")
+    extra = '[capsules]\ndefault = "wasm"\n' if kind == "wasm" else ""
+    project = make_project(
+        tools={"wide": _wide_tools()},
+        policy=f'version = 1\n[defaults]\napp = "allow"\n[limits]\nload_timeout = 10\n{extra}',
+    )
+    async with Host.open(project) as host:
+        assert await host.call("wide_079", parameter_number_00_of_the_tool=1) == 80
+        assert await host.call("wide_000") == 0

@@ -322,6 +322,20 @@ class Connection:
                 if done < len(batch):  # the pipe is full
                     await anyio.wait_writable(self._wfd)
 
+    async def _write_whole(self, data: bytes) -> None:
+        """Write one frame, waiting while the pipe is full: the load frame, before the
+        writer task runs (a project's tool list can outgrow the pipe's 64 KiB)."""
+        view = memoryview(data)
+        while view:
+            if self._closed:
+                raise _Broken
+            try:
+                view = view[os.write(self._wfd, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._wfd)
+            except OSError:
+                raise _Broken from None
+
     async def _read(self) -> bytes:
         """The next chunk from the capsule; ``b""`` at the end."""
         while True:
@@ -350,24 +364,23 @@ class Connection:
         Raises :class:`CapsuleDied` (``report.culprit`` names the file being imported) or
         :class:`TimeoutError` when loading outruns ``request.load_timeout``.
         """
-        try:
-            self._write(
-                p.frame(
-                    {
-                        "k": p.K_LOAD,
-                        "dir": request.tools_dir,
-                        "files": list(request.files),
-                        "tools": {k: list(v) for k, v in request.tools.items()},
-                        "max_frame": request.max_frame,
-                        "max_attachment": request.max_attachment,
-                    }
-                )
-            )
-        except _Broken:
-            raise CapsuleDied("the capsule closed its input") from None
+        frame = p.frame(
+            {
+                "k": p.K_LOAD,
+                "dir": request.tools_dir,
+                "files": list(request.files),
+                "tools": {k: list(v) for k, v in request.tools.items()},
+                "max_frame": request.max_frame,
+                "max_attachment": request.max_attachment,
+            }
+        )
         self.max_attachment = request.max_attachment
         self.context = request.context
         with anyio.fail_after(request.load_timeout):
+            try:
+                await self._write_whole(frame)
+            except _Broken:
+                raise CapsuleDied("the capsule closed its input") from None
             while True:
                 msg = await self._next_message()
                 kind = msg.get("k")
