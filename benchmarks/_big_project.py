@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Final
 
-__all__ = ["AREAS", "TASKS", "write_project", "tool_names"]
+__all__ = ["AREAS", "TASKS", "TASKS_SECOND", "tool_names", "write_project"]
 
 # area -> (what it is, the area's own action, [(record, what a record is), ...])
 AREAS: Final[dict[str, tuple[str, str, list[tuple[str, str]]]]] = {
@@ -493,3 +493,46 @@ TASKS: Final[list[tuple[str, str]]] = [
     ("cancel the hotel reservation for the Madrid trip", "delete_hotel_booking"),
 ]
 """What a user might ask, and the tool that does it (all within the 1,000-tool project)."""
+
+TASKS_SECOND: Final[list[tuple[str, str]]] = [
+    ("hand the Acme lead over to Priya in sales", "assign_lead"),
+    ("who owns the contract of the Globex customer company", "get_account"),
+    ("write down that the client prefers calls in the morning", "create_note"),
+    ("stop the yearly plan of customer 88, they are leaving", "delete_subscription"),
+    ("when will the courier come to collect parcels from the warehouse", "track_pickup"),
+    ("a customer wants to send back a broken kettle", "create_return_request"),
+    ("how many units of SKU 4411 are in the Leeds warehouse", "get_stock_level"),
+    ("order 500 more chairs from our supplier", "create_purchase_order"),
+    ("sign off on Tom's payslip for March", "approve_payslip"),
+    ("open a new position for a backend engineer", "create_job_opening"),
+    ("push my dentist reminder to next week", "reschedule_reminder"),
+    ("set my out of office while I am on holiday", "create_out_of_office"),
+    ("stop sorting newsletters into a folder automatically", "delete_mail_filter"),
+    ("change the text at the end of my outgoing emails", "update_signature"),
+    ("add an internal note to the support ticket", "create_ticket_comment"),
+    ("how did customers rate the help they got", "list_satisfaction_surveys"),
+    ("export the customer records to a CSV file", "create_data_export"),
+    ("send the newsletter to every subscriber", "launch_newsletter"),
+    ("log 6 hours against the migration project", "create_timesheet"),
+    ("finish the current two-week iteration", "close_sprint"),
+    ("send Maria a private chat message", "create_direct_message"),
+    ("turn off the dark mode feature for everyone", "update_feature_flag"),
+    ("the site is down, open an incident for on-call", "create_incident"),
+    ("file a bug report about the broken login page", "create_issue"),
+    ("claim back the 30 euros I spent on a taxi", "create_expense"),
+    ("what is the sales tax in Bavaria", "get_tax_rate"),
+    ("sign the non-disclosure agreement with the new vendor", "sign_nda"),
+    ("give the new designer a seat of the drawing software", "provision_software_license"),
+    ("hire a car in Rome for the trip", "book_car_rental"),
+    ("a visitor is coming at 10, let reception know", "create_visitor"),
+    ("leave a five star review for the blender", "create_product_review"),
+    ("which weaknesses did the scanner find", "list_vulnerabilities"),
+    ("will there be a storm warning tomorrow", "forecast_storm_warning"),
+    ("what was the temperature at the Oslo station this morning", "get_observation"),
+    ("find posts by other people that name our company", "search_mentions"),
+    ("queue a post to go out on Friday at 9", "create_scheduled_post"),
+]
+"""A second set like ``TASKS``, for other tools, written (2026-12-07) before the search
+learned what a query asks to be done (its verbs, two-word verbs, "every Monday",
+questions); its two-word verbs were written having seen both sets' misses, so neither set
+is a blind test of them."""

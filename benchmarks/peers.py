@@ -362,7 +362,13 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                 f"{big['before_first_call_median']:,.0f} "
                 f"(at most {big['before_first_call_max']:,})",
                 f"model block {big['model_block']:,}",
-                f"search top-1 {big['top1']}/{big['tasks']}, top-3 {big['top3']}/{big['tasks']}",
+                f"search top-1 {big['top1']}/{big['tasks']}, top-3 {big['top3']}/{big['tasks']}"
+                + (
+                    f" (second set {big['second_top1']}/{big['second_tasks']}, "
+                    f"{big['second_top3']}/{big['second_tasks']})"
+                    if "second_tasks" in big
+                    else ""
+                ),
                 "under 8,000",
             )
         )

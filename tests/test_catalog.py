@@ -236,29 +236,102 @@ def test_helper_calls_bind_like_the_stub(scope: Scope) -> None:
 # -- a thousand tools ------------------------------------------------------------------------
 
 
+def _tool(file: str, name: str, line: int, summary: str, param: str = "item_id") -> ToolDecl:
+    """A declared tool of one ``str`` parameter, as pyright would have built it."""
+    return ToolDecl(
+        name,
+        f"tools.{file}.{name}",
+        file,
+        name,
+        None,
+        True,
+        f"{file}.py",
+        line,
+        (ParamDecl(param, 1, "str", None, "The item."),),
+        "bool",
+        f"{summary}\n\nArgs:\n    {param}: The item.",
+        f"({param}: str) -> bool",
+        summary=summary,
+    )
+
+
 def _big_scope(count: int = 1000, files: int = 25) -> Scope:
-    tools: list[ToolDecl] = []
-    for i in range(count):
-        file = f"area{i % files:02d}"
-        name = f"do_thing_number_{i}"
-        tools.append(
-            ToolDecl(
-                name,
-                f"tools.{file}.{name}",
-                file,
-                name,
-                None,
-                True,
-                f"{file}.py",
-                i + 1,
-                (ParamDecl("item_id", 1, "str", None, "The item."),),
-                "bool",
-                f"Do thing number {i} to an item.\n\nArgs:\n    item_id: The item.",
-                "(item_id: str) -> bool",
-                summary=f"Do thing number {i} to an item.",
-            )
+    tools = [
+        _tool(
+            f"area{i % files:02d}",
+            f"do_thing_number_{i}",
+            i + 1,
+            f"Do thing number {i} to an item.",
         )
+        for i in range(count)
+    ]
     return Scope(tuple(tools), (), "1.1.0")
+
+
+_MORE = ("invoice", "parcel", "desk", "laptop", "course", "ticket", "contract", "flight")
+
+
+def _resource_scope() -> Scope:
+    """Resource tools as APIs name them (``VERB_THING``), two files of them, with the
+    docstrings such tools have: only some say what their thing is."""
+    said = {
+        ("shop", "coupon"): "a discount code customers can apply at checkout",
+        ("shop", "report"): "a table of sales figures over a period",
+        ("meet", "meeting"): "an event with several attendees and a video link",
+        ("meet", "reminder"): "a notification sent before something is due",
+        **{("more", thing): f"one {thing} of the project" for thing in _MORE},
+    }
+    verbs = {
+        "get": "Fetch one {0} by its id. A {0} is {1}.",
+        "list": "List {0}s, newest first.",
+        "create": "Create a new {0} and return its id. A {0} is {1}.",
+        "update": "Change fields of an existing {0}.",
+        "delete": "Delete a {0} for good.",
+        "archive": "Archive a {0}: hidden from lists but kept.",
+        "send": "Send a {0} ({1}).",
+        "reschedule": "Reschedule a {0} ({1}).",
+        "schedule": "Schedule a {0} ({1}).",
+    }
+    tools: list[ToolDecl] = []
+    for (file, thing), what in said.items():
+        for verb, text in verbs.items():
+            name = f"{verb}_{thing}s" if verb == "list" else f"{verb}_{thing}"
+            tools.append(_tool(file, name, len(tools) + 1, text.format(thing, what), f"{thing}_id"))
+    return Scope(tuple(tools), (), "1.1.0")
+
+
+@pytest.mark.parametrize(
+    ("query", "first"),
+    [
+        # What is to be done tells one thing's tools apart: the verb itself, an everyday
+        # word for it, a two-word verb, "every Monday", a question.
+        ("reschedule the meeting", "reschedule_meeting"),
+        ("move tomorrow's meeting to Friday", "reschedule_meeting"),
+        ("push the reminder back to next week", "reschedule_reminder"),
+        # Words get_coupon and create_coupon say, but what is wanted is delete_coupon:
+        ("remove the discount code customers apply at checkout", "delete_coupon"),
+        ("cancel the coupon", "delete_coupon"),
+        ("hide the table of sales figures without deleting it", "archive_report"),
+        ("email the sales report to the team every Monday", "schedule_report"),
+        ("which meetings are there", "list_meetings"),
+        ("what discount code does coupon c_1 give", "get_coupon"),
+        ("who attends the meeting with the video link", "get_meeting"),
+        ("change the discount of the coupon", "update_coupon"),
+    ],
+)
+def test_search_puts_first_what_the_user_wants_done(query: str, first: str) -> None:
+    assert names(_resource_scope().search(query, 3))[0] == first
+
+
+def test_search_finds_a_thing_by_what_its_other_tools_say() -> None:
+    """Only four coupon tools say a coupon is a discount code: the words find all nine,
+    as words of the thing; words every list tool says ("newest first") stay with them."""
+    scope = _resource_scope()
+    coupons = names(scope.search("discount code", 9))
+    assert all(name.endswith(("_coupon", "_coupons")) for name in coupons)
+    assert len(coupons) == 9
+    listed = names(scope.search("newest first", 20))
+    assert len(listed) == 12 and all(name.startswith("list_") for name in listed)
 
 
 def test_a_thousand_tools_cost_the_model_an_index() -> None:

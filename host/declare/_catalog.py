@@ -8,13 +8,16 @@ block would), and :meth:`Catalog.index` is the short text that replaces the mode
 how to search, and what files there are.
 
 Ranking is BM25 over weighted fields (the tool's name counts most, then its file, its
-summary, then its parameters), on words cut to a crude stem so that "refunds",
-"refunded" and "refunding" meet. No model: what a tool's name and docstring say is what
-finds it, with one aid: the everyday words for the verbs of resource APIs (remove,
-cancel, revoke: delete; change, edit, set: update; ...) also count, at half weight, as
-the verb a tool name would use. In code mode these answer ``await toolhost.search(...)`` and ``await
-toolhost.declaration(...)`` (:data:`HELPERS_PYI`); over MCP the tools of ``serve
---expose code``.
+summary, then its parameters, then what the file's other tools on the same thing say of
+it), on words cut to a crude stem so that "refunds", "refunded" and "refunding" meet.
+No model: what a tool's name and docstring say is what finds it, with one aid: what the
+query asks to be done. Its verbs, the verbs its everyday words stand for (remove,
+cancel, revoke: delete; change, edit, set: update; ...), its two-word verbs ("push it
+back": reschedule) and, for a question, the verbs that read, make the tools whose names
+begin with one of them rank above their neighbours: the tools of one thing
+(``get_coupon``, ``delete_coupon``) differ mostly in that. In code mode these answer
+``await toolhost.search(...)`` and ``await toolhost.declaration(...)``
+(:data:`HELPERS_PYI`); over MCP the tools of ``serve --expose code``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from host.errors import InvalidArguments
@@ -57,7 +60,9 @@ MAX_QUERY: Final = 1000
 MAX_RESULTS: Final = 50
 """Results one search may return."""
 
-_WEIGHTS: Final = {"name": 3.0, "file": 1.5, "summary": 1.0, "params": 0.5}
+_WEIGHTS: Final = {"name": 3.0, "file": 1.5, "summary": 1.0, "params": 0.5, "kin": 0.5}
+"""How much a word counts in each field of a tool; ``kin`` is what the other tools of its
+file on the same thing say (:meth:`Catalog._kin`)."""
 _K1: Final = 1.2
 _B: Final = 0.75
 _WORD: Final = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[0-9]+")
@@ -69,18 +74,90 @@ _STOP: Final = frozenset(
     | {"can", "do", "does", "how", "into", "one", "some"}
 )
 _VERBS: Final = {
-    "delete": "remove erase drop cancel revoke destroy discard",
-    "create": "add new make register open",
-    "update": "change edit modify set raise lower rename adjust",
-    "search": "find look query lookup",
-    "get": "fetch read show view detail",
+    "delete": "remove erase drop cancel revoke destroy discard purge withdraw deactivate",
+    "create": "add new make register open file log record write submit start",
+    "update": "change edit modify set raise lower rename adjust increase decrease correct",
+    "search": "find look query lookup mention mentions",
+    "get": "fetch read show view detail see check retrieve",
     "list": "all every browse enumerate",
     "archive": "hide shelve retire",
+    "send": "email mail deliver dispatch",
+    "reschedule": "move postpone delay shift",
+    "forward": "relay",
+    "launch": "start begin",
+    "close": "finish finished complete completed end done resolve",
+    "restart": "reboot",
+    "merge": "combine",
+    "reconcile": "match balance",
+    "provision": "issue",
+    "book": "reserve hire rent",
+    "fulfil": "ship dispatch fulfill",
+    "enroll": "enrol register",
+    "quarantine": "isolate contain",
+    "publish": "post announce",
+    "track": "follow trace locate",
+    "reserve": "hold",
+    "approve": "accept",
+    "assign": "allocate delegate",
+    "forecast": "predict",
+    "share": "grant",
 }
-"""Everyday words for the verbs resource APIs name their tools with: a query word on the
-right also counts, at half weight, as the verb on the left."""
+"""Everyday words for the verbs tool names begin with: a query word on the right also
+counts, at half weight, as the verb on the left, and makes a tool named with that verb
+rank above its neighbours (:data:`_INTENT_BOOST`). The verbs are the common ones of
+resource APIs; a word stands for one only where a user would mean it so."""
+_PHRASES: Final = {
+    ("look", "up"): "get",
+    ("give", "back"): "refund",
+    ("pay", "back"): "refund",
+    ("send", "back"): "return",
+    ("set", "up"): "provision create",
+    ("sign", "up"): "enroll register create",
+    ("sign", "off"): "approve",
+    ("put", "aside"): "reserve",
+    ("set", "aside"): "reserve",
+    ("push", "back"): "reschedule",
+    ("bring", "forward"): "reschedule",
+    ("hand", "over"): "assign",
+    ("pass", "on"): "forward",
+    ("turn", "off"): "update disable",
+    ("turn", "on"): "update enable",
+    ("switch", "off"): "update disable",
+    ("switch", "on"): "update enable",
+    ("write", "down"): "create note",
+    ("kick", "off"): "launch start",
+    ("roll", "out"): "deploy create",
+    ("take", "down"): "delete",
+    ("get", "rid"): "delete",
+    ("claim", "back"): "expense create",
+    ("wrap", "up"): "close",
+}
+"""Two-word verbs (and what they mean, as the verbs of :data:`_VERBS` and others tool
+names use): the words alone say something else."""
+_SPLIT: Final = 4
+"""How far apart the words of a two-word verb may be ("hand the Acme lead over")."""
+_NOT: Final = frozenset({"not", "without", "never", "dont", "don", "no", "nor", "instead"})
+"""Words after which the next word is not what the user wants done ("hide, without
+deleting")."""
+_EVERY: Final = frozenset(
+    {"day", "days", "daily", "week", "weeks", "weekly", "month", "months", "monthly", "year"}
+    | {"years", "morning", "evening", "night", "hour", "hours", "monday", "tuesday"}
+    | {"wednesday", "thursday", "friday", "saturday", "sunday", "weekday", "weekend"}
+)
+"""Words that make ``every`` a schedule ("every Monday") rather than all of something."""
+_READING: Final = frozenset({"get", "list", "search", "find", "fetch", "show", "view", "read"})
+"""Verbs of tools that only read: what a question asks for when it names no verb."""
+_QUESTIONS: Final = frozenset(
+    {"what", "who", "whom", "whose", "which", "when", "where", "how", "why", "is", "are"}
+    | {"was", "were", "will", "does", "did", "do", "can", "has", "have"}
+)
 _ALSO_WEIGHT: Final = 0.5
 """How much a verb a query word stands for counts, beside the word itself (1)."""
+_INTENT_BOOST: Final = 1.0
+"""How much more a tool scores when its name begins with a verb the query asks for
+(a word of the query, a word standing for it, or a two-word verb): among the tools of one
+record (``get_coupon``, ``send_coupon``, ``delete_coupon``) what the user wants done is
+what tells them apart."""
 _INDEX_NAMES: Final = 60
 """Characters of tool names the index shows per file."""
 
@@ -110,18 +187,64 @@ def words(text: str) -> list[str]:
     return out
 
 
-_ALSO: Final = {_stem(word): _stem(verb) for verb, said in _VERBS.items() for word in said.split()}
+def _also() -> dict[str, frozenset[str]]:
+    also: dict[str, set[str]] = {}
+    for verb, said in _VERBS.items():
+        for word in said.split():
+            also.setdefault(_stem(word), set()).add(_stem(verb))
+    return {word: frozenset(verbs) for word, verbs in also.items()}
 
 
-def _query_terms(query: str) -> dict[str, float]:
-    """The query's stems with their weights: 1, and 0.5 for a verb a word stands for."""
+_ALSO: Final = _also()
+_PHRASE_VERBS: Final = {
+    pair: frozenset(_stem(verb) for verb in verbs.split()) for pair, verbs in _PHRASES.items()
+}
+
+
+def _query_terms(query: str) -> tuple[dict[str, float], frozenset[str]]:
+    """The query's stems with their weights (1, and 0.5 for a verb a word stands for), and
+    the verbs it asks for (:data:`_INTENT_BOOST`): its words, the verbs they stand for, its
+    two-word verbs, or, for a question that names no verb, the verbs that read."""
     terms: dict[str, float] = {}
-    for term in words(query):
+    asked: set[str] = set()
+    raw = [word.lower() for word in _WORD.findall(query)]
+    kept: list[str] = []
+    phrased: set[str] = set()
+    particles: set[int] = set()
+    for n, word in enumerate(raw):
+        if n in particles:
+            continue  # the second word of a two-word verb
+        if n and raw[n - 1] in _NOT:
+            continue  # "without deleting": not a word of what is wanted
+        # "send back", also split: "push the reminder back"
+        later = range(n + 1, min(n + 1 + _SPLIT, len(raw)))
+        found = next((m for m in later if (word, raw[m]) in _PHRASE_VERBS), None)
+        if found is not None:
+            phrased.update(_PHRASE_VERBS[word, raw[found]])
+            particles.add(found)
+        elif word == "every" and n + 1 < len(raw) and raw[n + 1] in _EVERY:
+            kept.append("schedule")
+        else:
+            kept.append(word)
+    for term in words(" ".join(kept)):
         terms[term] = max(terms.get(term, 0.0), 1.0)
-        verb = _ALSO.get(term)
-        if verb is not None:
+        asked.add(term)
+        for verb in _ALSO.get(term, ()):
             terms[verb] = max(terms.get(verb, 0.0), _ALSO_WEIGHT)
-    return terms
+            asked.add(verb)
+    for verb in phrased:
+        asked.add(verb)
+        terms[verb] = max(terms.get(verb, 0.0), _ALSO_WEIGHT)
+    if raw and raw[0] in _QUESTIONS:
+        asked.update(_stem(verb) for verb in _READING)
+    return terms, frozenset(asked)
+
+
+def _verb(tool: ToolDecl) -> str | None:
+    """The stem of the verb a tool's name begins with (``send`` of ``send_invoice``), if
+    its name has more than one word."""
+    parts = _WORD.findall(tool.member or tool.export)
+    return _stem(parts[0].lower()) if len(parts) > 1 else None
 
 
 def _call_name(tool: ToolDecl) -> str:
@@ -152,14 +275,18 @@ class Catalog:
         self._types = {t.name: t for t in scope.types}
         # BM25F: per tool, weighted term frequencies and a weighted length.
         self._tf: list[dict[str, float]] = []
+        self._verbs: list[str | None] = []
         self._len: list[float] = []
         df: Counter[str] = Counter()
-        for tool in scope.tools:
+        summaries = [words(tool.summary or tool.docstring or "") for tool in scope.tools]
+        kin = self._kin(scope.tools, summaries)
+        for n, tool in enumerate(scope.tools):
             fields = {
                 "name": words(tool.export + " " + (tool.member or "")),
                 "file": words(tool.file),
-                "summary": words(tool.summary or tool.docstring or ""),
+                "summary": summaries[n],
                 "params": words(" ".join(f"{p.name} {p.description or ''}" for p in tool.params)),
+                "kin": kin[n],
             }
             tf: dict[str, float] = {}
             for field_name, terms in fields.items():
@@ -167,11 +294,42 @@ class Catalog:
                 for term in terms:
                     tf[term] = tf.get(term, 0.0) + weight
             self._tf.append(tf)
+            self._verbs.append(_verb(tool))
             self._len.append(sum(tf.values()))
             df.update(tf.keys())
         count = len(scope.tools)
         self._avg = (sum(self._len) / count) if count else 1.0
         self._idf = {t: math.log(1 + (count - n + 0.5) / (n + 0.5)) for t, n in df.items()}
+
+    @staticmethod
+    def _kin(tools: Sequence[ToolDecl], summaries: Sequence[list[str]]) -> list[list[str]]:
+        """Per tool, the words the other tools of its file on the same thing use in their
+        summaries (each once), and it does not: the thing of ``delete_coupon`` is
+        ``coupon``, and what ``get_coupon`` says a coupon is (a discount code) finds the
+        other coupon tools too, whose own docstrings need not say it again."""
+        things: dict[tuple[str, str], list[int]] = {}
+        for n, tool in enumerate(tools):
+            parts = [part.lower() for part in _WORD.findall(tool.member or tool.export)]
+            if len(parts) > 1:
+                things.setdefault((tool.file, _stem("_".join(parts[1:]))), []).append(n)
+        # Words many things' summaries use say what the tool does, not what its thing
+        # is ("newest first" of every list tool): they stay with their own tools.
+        users: Counter[str] = Counter()
+        for members in things.values():
+            users.update({word for n in members for word in summaries[n]})
+        common = max(2, len(things) // 10)
+        out: list[list[str]] = [[] for _ in tools]
+        for members in things.values():
+            if len(members) < 2:
+                continue
+            for n in members:
+                own = set(summaries[n])
+                said: set[str] = set()
+                for other in members:
+                    if other != n:
+                        said.update(summaries[other])
+                out[n] = sorted(word for word in said - own if users[word] <= common)
+        return out
 
     # -- search ---------------------------------------------------------------------------
 
@@ -191,7 +349,7 @@ class Catalog:
             raise InvalidArguments(
                 "toolhost.search", f"limit is an int from 1 to {MAX_RESULTS}", parameter="limit"
             )
-        terms = _query_terms(query)
+        terms, asked = _query_terms(query)
         scores: list[tuple[float, int]] = []
         for i, tf in enumerate(self._tf):
             score = 0.0
@@ -201,6 +359,8 @@ class Catalog:
                 if f:
                     score += weight * self._idf[term] * f * (_K1 + 1) / (f + norm)
             if score > 0:
+                if self._verbs[i] in asked:
+                    score *= 1 + _INTENT_BOOST
                 scores.append((score, i))
         exact = self._by_call.get(query.strip())
         scores.sort(key=lambda s: (-s[0], s[1]))
