@@ -75,9 +75,9 @@ _STOP: Final = frozenset(
 )
 _VERBS: Final = {
     "delete": "remove erase drop cancel revoke destroy discard purge withdraw deactivate",
-    "create": "add new make register open file log record write submit start",
+    "create": "add new make register open file log write submit start",
     "update": "change edit modify set raise lower rename adjust increase decrease correct",
-    "search": "find look query lookup mention mentions",
+    "search": "find look query lookup",
     "get": "fetch read show view detail see check retrieve",
     "list": "all every browse enumerate",
     "archive": "hide shelve retire",
@@ -89,12 +89,11 @@ _VERBS: Final = {
     "restart": "reboot",
     "merge": "combine",
     "reconcile": "match balance",
-    "provision": "issue",
     "book": "reserve hire rent",
     "fulfil": "ship dispatch fulfill",
     "enroll": "enrol register",
     "quarantine": "isolate contain",
-    "publish": "post announce",
+    "publish": "announce",
     "track": "follow trace locate",
     "reserve": "hold",
     "approve": "accept",
@@ -105,7 +104,8 @@ _VERBS: Final = {
 """Everyday words for the verbs tool names begin with: a query word on the right also
 counts, at half weight, as the verb on the left, and makes a tool named with that verb
 rank above its neighbours (:data:`_INTENT_BOOST`). The verbs are the common ones of
-resource APIs; a word stands for one only where a user would mean it so."""
+resource APIs; a word stands for one only where a user would mean it so, and a word
+that is as often a noun ("post", "issue", "record") stands for none."""
 _PHRASES: Final = {
     ("look", "up"): "get",
     ("give", "back"): "refund",
