@@ -23,6 +23,7 @@ import sniffio
 from capsule import protocol as p
 
 from . import _wasm
+from ._pipes import write_all
 from ._process import kill_tree
 
 __all__ = ["Dead", "Guest"]
@@ -117,20 +118,10 @@ class Guest:
         else:
             written = 0
             await lock.acquire()
-        view = memoryview(data)[written:]
         try:
-            while view:
-                if self.closed:
-                    raise Dead
-                try:
-                    view = view[os.write(self._wfd, view) :]
-                except BlockingIOError:
-                    try:
-                        await anyio.wait_writable(self._wfd)
-                    except anyio.ClosedResourceError:
-                        raise Dead from None
-                except OSError:
-                    raise Dead from None
+            await write_all(self._wfd, memoryview(data)[written:], lambda: self.closed)
+        except OSError:
+            raise Dead from None
         finally:
             lock.release()
 

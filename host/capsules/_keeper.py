@@ -42,6 +42,7 @@ import anyio
 import capsule
 
 from ._forkserver import ForkedProcess, ForkUnavailable, read_pid, send_request, start_helper
+from ._pipes import write_all
 
 __all__ = [
     "CHILD",
@@ -189,14 +190,8 @@ async def _write_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` to the pipe ``fd`` (a capsule that died already reads none
     of it: its load then says why it ended)."""
     os.set_blocking(fd, False)
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            await anyio.wait_writable(fd)
-        except BrokenPipeError:
-            return
+    with contextlib.suppress(BrokenPipeError):
+        await write_all(fd, data)
 
 
 async def _start(data: bytes) -> tuple[ForkedProcess, int, int]:

@@ -25,7 +25,7 @@ from typing import Protocol
 import anyio
 import sniffio
 
-__all__ = ["PipeReader", "Wakeup", "wakeups", "clock"]
+__all__ = ["PipeReader", "Wakeup", "clock", "wakeups", "write_all"]
 
 _CHUNK = 1 << 18
 
@@ -108,6 +108,31 @@ class PipeReader:
         self._closed = True
         if self._stop is not None:
             self._stop()
+
+
+def _never() -> bool:
+    return False
+
+
+async def write_all(fd: int, data: bytes | memoryview, closed: Callable[[], bool] = _never) -> None:
+    """Write all of ``data`` to the non-blocking pipe ``fd``, waiting while it is full.
+
+    Raises:
+        BrokenPipeError: ``closed()`` says the pipe is going away, or it was closed
+            while this waited on it.
+        OSError: a write failed (``BrokenPipeError``: nobody reads the pipe any more).
+    """
+    view = memoryview(data)
+    while view:
+        if closed():
+            raise BrokenPipeError("the pipe is closed")
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            try:
+                await anyio.wait_writable(fd)
+            except anyio.ClosedResourceError:
+                raise BrokenPipeError("the pipe was closed") from None
 
 
 class Wakeup(Protocol):

@@ -949,10 +949,7 @@ class CodeSandbox:
             self._tools = tools
             spare, self._spare = self._spare, None
             if spare is not None:
-                await spare.done.wait()
-                if spare.guest is not None:
-                    spare.guest.kill("the tool files changed")
-                    spare.guest.close()
+                await _drop_spare(spare, "the tool files changed")
             if self._guest is not None:
                 await self._discard("the tool files changed")
                 self._lost = True
@@ -995,10 +992,7 @@ class CodeSandbox:
                 guest.close()
             if spare is not None:
                 with anyio.move_on_after(60):  # it may be booting: a start is bounded
-                    await spare.done.wait()
-                if spare.guest is not None:
-                    spare.guest.kill(reason)
-                    spare.guest.close()
+                    await _drop_spare(spare, reason)
 
     async def reset(self) -> None:
         """Start afresh: the next run gets a new sandbox with no variables."""
@@ -1022,11 +1016,11 @@ class CodeSandbox:
                 await lease.release()
 
 
-async def _drop_spare(spare: _Spare) -> None:
-    """End a guest booted ahead that no one will take (once its boot is over)."""
+async def _drop_spare(spare: _Spare, reason: str) -> None:
+    """End a guest booted ahead that no one will take, once its boot is over."""
     await spare.done.wait()
     if spare.guest is not None:
-        spare.guest.kill("no session is left to take it")
+        spare.guest.kill(reason)
         spare.guest.close()
 
 
@@ -1071,7 +1065,9 @@ class SandboxPool:
         maker = self._maker
         spare, maker._spare = maker._spare, None  # pyright: ignore[reportPrivateUsage]
         if spare is not None:
-            maker._tg.start_soon(_drop_spare, spare)  # pyright: ignore[reportPrivateUsage]
+            maker._tg.start_soon(  # pyright: ignore[reportPrivateUsage]
+                _drop_spare, spare, "no session is left to take it"
+            )
 
     @property
     def spare_pid(self) -> int | None:

@@ -42,7 +42,7 @@ from host.errors import (
     ToolTimeout,
 )
 
-from ._pipes import PipeReader, Wakeup, clock, wakeups
+from ._pipes import PipeReader, Wakeup, clock, wakeups, write_all
 
 __all__ = [
     "LoadRequest",
@@ -322,20 +322,6 @@ class Connection:
                 if done < len(batch):  # the pipe is full
                     await anyio.wait_writable(self._wfd)
 
-    async def _write_whole(self, data: bytes) -> None:
-        """Write one frame, waiting while the pipe is full: the load frame, before the
-        writer task runs (a project's tool list can outgrow the pipe's 64 KiB)."""
-        view = memoryview(data)
-        while view:
-            if self._closed:
-                raise _Broken
-            try:
-                view = view[os.write(self._wfd, view) :]
-            except BlockingIOError:
-                await anyio.wait_writable(self._wfd)
-            except OSError:
-                raise _Broken from None
-
     async def _read(self) -> bytes:
         """The next chunk from the capsule; ``b""`` at the end."""
         while True:
@@ -377,9 +363,9 @@ class Connection:
         self.max_attachment = request.max_attachment
         self.context = request.context
         with anyio.fail_after(request.load_timeout):
-            try:
-                await self._write_whole(frame)
-            except _Broken:
+            try:  # whole, before the writer task runs: it can outgrow the pipe's 64 KiB
+                await write_all(self._wfd, frame, lambda: self._closed)
+            except OSError:
                 raise CapsuleDied("the capsule closed its input") from None
             while True:
                 msg = await self._next_message()
